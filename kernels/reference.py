@@ -1,0 +1,87 @@
+"""Plain-PyTorch attention, for checking the Triton kernel and for reading the algorithm.
+
+- `attention_reference`: softmax(q kᵀ · scale) v with every N×N tensor materialised, in float64
+  by default (the ground truth), or in another dtype (the error any standard implementation
+  makes in that precision: the yardstick of the exactness rule in tests).
+- `online_softmax_attention`: the FlashAttention forward in plain tensors, one key block at a
+  time with the running max m, running sum l and rescale factor α = e^{m_old − m_new}, returning
+  the per-block trace so the worked examples of the docs can be checked by hand.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+def causal_mask(seqlen_q: int, seqlen_k: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """(seqlen_q, seqlen_k) bool, True where query i may see key j: j <= i + seqlen_k - seqlen_q."""
+    rows = torch.arange(seqlen_q, device=device)[:, None]
+    cols = torch.arange(seqlen_k, device=device)[None, :]
+    return cols <= rows + (seqlen_k - seqlen_q)
+
+
+def attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    dtype: torch.dtype | None = torch.float64,
+) -> torch.Tensor:
+    """Attention with the same contract as `flash_attention`, computed naively in `dtype`
+    (None keeps the inputs' dtype). Differentiable; rows that see no key give zeros."""
+    if dtype is not None:
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # GQA: head h reads kv head h // group
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, Nq, Nk)
+    if causal:
+        visible = causal_mask(q.shape[2], k.shape[2], q.device)
+        scores = scores.masked_fill(~visible, float("-inf"))
+        # a row with no visible key would be softmax(-inf, ..., -inf) = NaN; define it as zeros
+        scores = scores.masked_fill(~visible.any(-1, keepdim=True), 0.0)
+        probs = torch.softmax(scores, dim=-1) * visible.any(-1, keepdim=True)
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    return probs @ v
+
+
+@dataclass
+class BlockStep:
+    """State of the online softmax after one key block (per query row)."""
+
+    m: torch.Tensor  # running max of the scores seen so far
+    l: torch.Tensor  # running sum of e^{s - m}
+    alpha: torch.Tensor  # e^{m_old - m_new}, the factor applied to l and o at this step
+
+
+def online_softmax_attention(
+    scores: torch.Tensor, values: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor, list[BlockStep]]:
+    """softmax(scores) @ values, one block of `block_size` keys at a time, never holding more
+    than one block of scores: the FlashAttention forward without the tiling of queries.
+
+    scores: (..., N) already scaled; values: (N, D) or (N,). Returns (output, lse, trace).
+    """
+    squeeze = values.dim() == 1
+    if squeeze:
+        values = values[:, None]
+    shape = scores.shape[:-1]
+    m = torch.full(shape, float("-inf"), dtype=scores.dtype)
+    l = torch.zeros(shape, dtype=scores.dtype)
+    o = torch.zeros(*shape, values.shape[-1], dtype=scores.dtype)
+    trace = []
+    for start in range(0, scores.shape[-1], block_size):
+        s = scores[..., start:start + block_size]
+        m_new = torch.maximum(m, s.max(-1).values)
+        alpha = torch.exp(m - m_new)  # how much the old sum shrinks under the new max
+        p = torch.exp(s - m_new[..., None])
+        l = alpha * l + p.sum(-1)
+        o = alpha[..., None] * o + p @ values[start:start + block_size].to(scores.dtype)
+        m = m_new
+        trace.append(BlockStep(m.clone(), l.clone(), alpha))
+    out = o / l[..., None]
+    return (out[..., 0] if squeeze else out), m + torch.log(l), trace

@@ -1,0 +1,245 @@
+"""kernels/flash_attention.py against a float64 reference, with the exactness rule of DESIGN.md:
+the kernel's max abs error may be at most 2× (output) or 3× (gradients) that of plain PyTorch
+attention computed in the input dtype, plus 1e-5.
+
+Runs through the Triton interpreter on a CPU (importing `kernels` switches it on) and compiled
+on a GPU. Fresh random inputs every run; every output buffer is poisoned with NaN first, so an
+element the kernel forgets to write fails the test.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from kernels import attention_flops, flash_attention
+from kernels.flash_attention import forced_config, kernel_config
+from kernels.reference import attention_reference
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """Make every torch.empty / empty_like return NaN-filled memory while the test runs."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def poison(t: torch.Tensor) -> torch.Tensor:
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison(empty(*a, **kw)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poison(empty_like(*a, **kw)))
+
+
+def make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype, requires_grad=True):
+    def rand(heads, n):
+        return torch.randn(batch, heads, n, head_dim, device=DEVICE, dtype=dtype, requires_grad=requires_grad)
+
+    return rand(heads_q, seqlen_q), rand(heads_kv, seqlen_k), rand(heads_kv, seqlen_k)
+
+
+def run_fwd_bwd(fn, q, k, v, do, **kw):
+    """Output and (dq, dk, dv) of fn on fresh leaf copies of q, k, v."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = fn(*leaves, **kw)
+    out.backward(do.to(out.dtype))
+    return out.detach(), [t.grad for t in leaves]
+
+
+def assert_within_rule(name: str, got: torch.Tensor, ref: torch.Tensor, standard: torch.Tensor, factor: float) -> None:
+    """got vs the float64 ref, allowed `factor`× the error of `standard` (plain PyTorch in the input dtype)."""
+    assert not got.isnan().any(), f"{name}: {int(got.isnan().sum())} NaN elements (unwritten output?) first at {got.isnan().nonzero()[0].tolist()}"
+    err = (got.double() - ref).abs()
+    standard_err = (standard.double() - ref).abs().max().item()
+    bound = factor * standard_err + 1e-5
+    worst = err.max().item()
+    where = list(torch.unravel_index(err.argmax(), err.shape))
+    assert worst <= bound, (
+        f"{name}: max abs error {worst:.3g} at {[int(i) for i in where]} exceeds {factor}× the "
+        f"{got.dtype} standard error {standard_err:.3g} + 1e-5 (got {got.flatten()[err.argmax()].item():.6g}, "
+        f"ref {ref.flatten()[err.argmax()].item():.6g})"
+    )
+
+
+def check_against_reference(q, k, v, causal, softmax_scale=None):
+    """Run kernel, float64 reference and the plain-dtype standard; apply the exactness rule."""
+    do = torch.randn(q.shape, device=q.device, dtype=torch.float64)
+    kw = dict(causal=causal, softmax_scale=softmax_scale)
+    out, grads = run_fwd_bwd(flash_attention, q, k, v, do, **kw)
+    ref, ref_grads = run_fwd_bwd(attention_reference, q, k, v, do, **kw)
+    std, std_grads = run_fwd_bwd(attention_reference, q, k, v, do, dtype=None, **kw)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    assert_within_rule("O", out, ref, std, 2.0)
+    for name, g, r, s in zip(("dQ", "dK", "dV"), grads, ref_grads, std_grads):
+        assert g.shape == r.shape, f"{name} shape {tuple(g.shape)} != {tuple(r.shape)}"
+        assert_within_rule(name, g, r, s, 3.0)
+
+
+# (seqlen_q, seqlen_k, head_dim, heads_q, heads_kv): lengths 1, 17, 64, 257 and unequal pairs both
+# ways, head dims 16/40/64/80/128, MHA / GQA 4:2 / MQA 4:1. 257 = 4·64 + 1 leaves a 1-row block.
+SHAPES = [
+    (1, 1, 16, 2, 2),
+    (17, 17, 40, 4, 2),
+    (64, 64, 64, 4, 1),
+    (257, 257, 80, 2, 2),
+    (17, 100, 128, 4, 4),
+    (100, 17, 64, 4, 2),
+    (257, 130, 16, 4, 1),
+    (1, 70, 40, 2, 1),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "q{}-k{}-d{}-h{}:{}".format(*s))
+def test_matches_float64_reference(shape, causal, dtype, poisoned_outputs):
+    seqlen_q, seqlen_k, head_dim, heads_q, heads_kv = shape
+    q, k, v = make_qkv(2, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype)
+    check_against_reference(q, k, v, causal)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bfloat16", "float32"])
+def test_head_dim_256(dtype, poisoned_outputs):
+    q, k, v = make_qkv(1, 2, 1, 70, 90, 256, dtype)
+    check_against_reference(q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_strided_inputs_without_copies(dtype, poisoned_outputs):
+    # the model's layout: one (B, N, 3, H, D) projection, viewed as (B, H, N, D) without a copy
+    batch, seqlen, heads, head_dim = 2, 75, 4, 32
+    qkv = torch.randn(batch, seqlen, 3, heads, head_dim, device=DEVICE, dtype=dtype)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    assert not q.is_contiguous()
+    check_against_reference(q, k, v, causal=True)
+    # a head_dim-strided view (every other channel) and a transposed seqlen/head_dim storage
+    wide = torch.randn(batch, heads, seqlen, 2 * head_dim, device=DEVICE, dtype=dtype)
+    k_t = torch.randn(batch, heads, head_dim, seqlen, device=DEVICE, dtype=dtype).transpose(2, 3)
+    check_against_reference(wide[..., ::2], k_t, wide[..., 1::2], causal=False, softmax_scale=0.3)
+
+
+def test_output_keeps_query_memory_layout():
+    q = torch.randn(2, 40, 4, 16, device=DEVICE).transpose(1, 2)  # (B, H, N, D) view of (B, N, H, D)
+    k, v = torch.randn(2, 4, 40, 16, device=DEVICE), torch.randn(2, 4, 40, 16, device=DEVICE)
+    out = flash_attention(q, k, v)
+    assert out.stride() == q.stride()
+    assert out.transpose(1, 2).is_contiguous()  # so the model's reshape back to (B, N, C) is free
+
+
+def test_backward_is_deterministic():
+    q, k, v = make_qkv(2, 4, 2, 130, 130, 64, torch.bfloat16)
+    do = torch.randn(q.shape, device=DEVICE, dtype=torch.float64)
+    _, first = run_fwd_bwd(flash_attention, q, k, v, do, causal=True)
+    _, second = run_fwd_bwd(flash_attention, q, k, v, do, causal=True)
+    for name, a, b in zip(("dQ", "dK", "dV"), first, second):
+        assert torch.equal(a, b), f"{name} differs between two identical backward passes"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_rows_that_see_no_key_give_zeros_and_zero_gradients(dtype, poisoned_outputs):
+    # causal with seqlen_q > seqlen_k: query i sees keys j <= i - 50, so rows 0..49 see nothing
+    q, k, v = make_qkv(1, 2, 2, 120, 70, 32, dtype)
+    do = torch.randn(q.shape, device=DEVICE, dtype=torch.float64)
+    out, (dq, dk, dv) = run_fwd_bwd(flash_attention, q, k, v, do, causal=True)
+    assert not any(t.isnan().any() for t in (out, dq, dk, dv))
+    assert torch.equal(out[:, :, :50], torch.zeros_like(out[:, :, :50]))
+    assert torch.equal(dq[:, :, :50], torch.zeros_like(dq[:, :, :50]))
+    check_against_reference(q, k, v, causal=True)
+
+
+def test_flop_counter_sees_forward_and_recomputing_backward():
+    batch, heads, seqlen, head_dim = 1, 2, 96, 32
+    for causal in (False, True):
+        q, k, v = make_qkv(batch, heads, heads, seqlen, seqlen, head_dim, torch.float32)
+        with FlopCounterMode(display=False) as counter:
+            flash_attention(q, k, v, causal=causal).sum().backward()
+        counts = counter.get_flop_counts()["Global"]
+        fwd = counts[torch.ops.flashgpt.flash_attn_fwd]
+        bwd = counts[torch.ops.flashgpt.flash_attn_bwd]
+        pairs = seqlen * seqlen if not causal else seqlen * (seqlen + 1) // 2
+        assert fwd == 4 * batch * heads * pairs * head_dim
+        assert bwd == 10 * batch * heads * pairs * head_dim  # 5 matmuls: S = QKᵀ is recomputed
+        assert bwd / fwd == 2.5
+        assert fwd == attention_flops(batch, heads, seqlen, seqlen, head_dim, causal, "fwd")
+
+
+def test_torch_compile_fullgraph_forward_and_backward():
+    q, k, v = make_qkv(1, 2, 1, 40, 40, 16, torch.float32)
+    do = torch.randn(q.shape, device=DEVICE, dtype=torch.float64)
+
+    def block(q, k, v):
+        return flash_attention(q * 2.0, k, v, causal=True) + 1.0
+
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager" if DEVICE == "cpu" else "inductor")
+    got, got_grads = run_fwd_bwd(compiled, q, k, v, do)
+    want, want_grads = run_fwd_bwd(block, q, k, v, do)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_softmax_scale_defaults_to_inverse_sqrt_head_dim():
+    q, k, v = make_qkv(1, 1, 1, 20, 20, 16, torch.float32, requires_grad=False)
+    assert torch.equal(flash_attention(q, k, v), flash_attention(q, k, v, softmax_scale=1 / math.sqrt(16)))
+
+
+def test_forced_block_sizes_give_the_same_result():
+    q, k, v = make_qkv(1, 2, 2, 100, 100, 32, torch.float32, requires_grad=False)
+    default = flash_attention(q, k, v, causal=True)
+    with forced_config("fwd", BLOCK_M=32, BLOCK_N=16):
+        assert kernel_config("fwd", 32, torch.float32, True).BLOCK_N == 16
+        small = flash_attention(q, k, v, causal=True)
+    assert kernel_config("fwd", 32, torch.float32, True).BLOCK_N != 16 or DEVICE == "cuda"
+    torch.testing.assert_close(small, default, rtol=1e-5, atol=1e-5)
+
+
+def _ok():
+    return [torch.randn(1, 2, 8, 16, device=DEVICE) for _ in range(3)]
+
+
+@pytest.mark.parametrize(
+    "change, error, message",
+    [
+        (lambda q, k, v: (q[0], k, v), ValueError, "q must be 4-D"),
+        (lambda q, k, v: (q, k.half(), v), TypeError, "share one dtype"),
+        (lambda q, k, v: (q.double(), k.double(), v.double()), TypeError, "supports float16, bfloat16 and float32"),
+        (lambda q, k, v: (q.int(), k, v), TypeError, "q has dtype torch.int32"),
+        (lambda q, k, v: (q, torch.randn(2, 2, 8, 16, device=DEVICE), v), ValueError, "k and v must have the same shape"),
+        (lambda q, k, v: (q, k[:1].repeat(2, 1, 1, 1), v[:1].repeat(2, 1, 1, 1)), ValueError, "batch sizes differ"),
+        (lambda q, k, v: (q, k[..., :8], v[..., :8]), ValueError, "head_dim differs"),
+        (lambda q, k, v: (q[:, :1].repeat(1, 3, 1, 1), k, v), ValueError, "not a multiple"),
+        (lambda q, k, v: (q[:, :, :0], k, v), ValueError, "q is empty"),
+        (lambda q, k, v: (q[..., :0], k[..., :0], v[..., :0]), ValueError, "q is empty"),
+        (lambda q, k, v: (torch.randn(1, 2, 8, 300), torch.randn(1, 2, 8, 300), torch.randn(1, 2, 8, 300)), ValueError, "up to 256"),
+        (lambda q, k, v: ("q", k, v), TypeError, "q must be a torch.Tensor"),
+    ],
+)
+def test_bad_inputs_raise_clear_errors(change, error, message):
+    with pytest.raises(error, match=message):
+        flash_attention(*change(*_ok()))
+
+
+def test_bad_arguments_raise_clear_errors():
+    q, k, v = _ok()
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        flash_attention(q, k, v, causal="yes")
+    with pytest.raises(ValueError, match="softmax_scale must be a finite number"):
+        flash_attention(q, k, v, softmax_scale=float("nan"))
+
+
+def test_mixed_devices_raise():
+    q, k, v = _ok()
+    with pytest.raises(ValueError, match="one device"):
+        flash_attention(q, k.to("meta"), v)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="long sequences are GPU-only (the interpreter is slow)")
+@pytest.mark.parametrize("seqlen", [1024, 4095, 8192])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_long_sequences_bf16_on_gpu(seqlen, causal):
+    q, k, v = make_qkv(1, 4, 2, seqlen, seqlen, 64, torch.bfloat16)
+    check_against_reference(q, k, v, causal)
