@@ -1,0 +1,1 @@
+"""Benchmarks and measurement scripts (not tests): each prints a table and writes JSON under docs/results/."""

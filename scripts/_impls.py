@@ -1,0 +1,78 @@
+"""The attention implementations the scripts compare, by name.
+
+naive, sdpa* and flash are the trainer's own (model/attention.py), so the benchmarks measure
+exactly what `train.py attention=...` runs; flex is benchmark-only.
+
+    naive           QKᵀ, scale, causal mask, softmax, @V in the input dtype: the paper's "standard attention"
+    flash           ours, kernels/flash_attention.py (Triton)
+    sdpa            torch scaled_dot_product_attention, PyTorch's own backend choice
+    sdpa_cudnn, sdpa_flash, sdpa_efficient, sdpa_math   SDPA pinned to one backend (sdpa_kernel)
+    flex            torch FlexAttention under torch.compile; causal through a block mask
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from model.attention import get_attention
+from scripts._common import AttnFn
+
+SDPA_PINNED = {"sdpa_cudnn": "cudnn", "sdpa_flash": "flash", "sdpa_efficient": "efficient", "sdpa_math": "math"}
+IMPL_NAMES = ("naive", "flash", "sdpa", *SDPA_PINNED, "flex")
+
+# How many compiled FlexAttention variants (one per shape: compiled with dynamic=False, as
+# FlexAttention is normally benchmarked) dynamo may keep before it silently falls back to eager.
+FLEX_RECOMPILE_LIMIT = 256
+
+
+def _flex() -> AttnFn:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    dynamo_config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    setattr(dynamo_config, name, max(getattr(dynamo_config, name), FLEX_RECOMPILE_LIMIT))
+    compiled = torch.compile(flex_attention, dynamic=False)
+    masks: dict[tuple, object] = {}  # block masks are built once per shape, outside the timed calls
+
+    def flex(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
+        block_mask = None
+        if causal:
+            n_q, n_k = q.shape[-2], k.shape[-2]
+            key = (n_q, n_k, str(q.device))
+            if key not in masks:
+                offset = n_k - n_q  # bottom-right aligned, as flash_attention and SDPA
+
+                def causal_mask(b, h, q_idx, kv_idx):
+                    return q_idx + offset >= kv_idx
+
+                masks[key] = create_block_mask(causal_mask, None, None, n_q, n_k, device=q.device)
+            block_mask = masks[key]
+        return compiled(q, k, v, block_mask=block_mask)
+
+    return flex
+
+
+def _factory(name: str) -> Callable[[], AttnFn]:
+    if name in SDPA_PINNED:
+        return lambda: get_attention("sdpa", backend=SDPA_PINNED[name])
+    if name == "flex":
+        return _flex
+    return lambda: get_attention(name)
+
+
+def make_impl(name: str) -> AttnFn:
+    """The attention function called `name` (see the module docstring)."""
+    if name not in IMPL_NAMES:
+        raise ValueError(f"unknown attention impl {name!r}; choose from {', '.join(IMPL_NAMES)}")
+    return _factory(name)()
+
+
+def default_impls(device: torch.device) -> list[str]:
+    """Every implementation on CUDA. On CPU flex is left out: compiling it there needs a C++
+    toolchain and minutes, which a smoke run should not spend (ask for it with --impls flex)."""
+    if device.type == "cuda":
+        return list(IMPL_NAMES)
+    return [n for n in IMPL_NAMES if n != "flex"]
