@@ -1,0 +1,187 @@
+"""The recomputation, made visible: per-kernel GPU time of our backward (preprocess, dK/dV, dQ) next
+to our forward, from torch.profiler, and the backward/forward time ratio of ours and of naive
+attention over seqlen.
+
+    python scripts/profile_backward.py                       # seqlen 1k..16k, bf16, d=64, causal and not
+    python scripts/profile_backward.py --seqlens 8192 --causal true
+    python scripts/profile_backward.py --device cpu --quick   # smoke run (no kernel times on CPU)
+
+What to expect from FLOPs alone: our backward recomputes S = QKᵀ (and P) from the saved
+log-sum-exp, 10·d·pairs against the forward's 4·d·pairs, a ratio of 2.5; naive keeps P and does
+8·d·pairs, 2.0. The measured ratios show what the recompute costs in time.
+
+Writes docs/results/backward_profile.json ({"meta", "rows"}) and a markdown table beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterable
+
+if __package__ in (None, ""):  # `python scripts/profile_backward.py`: make the repo root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels.flops import attention_flops  # first: `kernels` picks the Triton backend before anything imports triton
+import torch
+
+from scripts._common import (
+    RESULTS_DIR, Table, parse_dtype, dtype_name, random_inputs, resolve_device, rounded, run_guarded, run_meta,
+    step_fns, synchronize, write_results,
+)
+from scripts._impls import make_impl
+from scripts.bench_attention import CAUSAL_CHOICES, Point, bench_point
+
+KERNEL_CLASSES = ("fwd", "preprocess", "dkdv", "dq", "bwd_other", "other")
+BWD_CLASSES = ("preprocess", "dkdv", "dq", "bwd_other")
+FLOP_PASSES = {"flash": "bwd", "naive": "bwd_stored_p"}  # which backward each implementation runs
+
+CONVENTION = (
+    "fwd_ms, bwd_ms: medians from triton.testing.do_bench as in bench_attention (bwd = fwd+bwd - fwd). "
+    "kernel_ms: GPU time per forward+backward of each of our kernels, summed from torch.profiler device "
+    "events over --iters iterations after warm-up, classified by kernel name (_fwd -> fwd, preprocess, "
+    "dkdv, dq, other _bwd -> bwd_other, anything else, e.g. fills -> other). flop_ratio: backward/forward "
+    "FLOPs of the algorithm (2.5 recomputing, 2.0 keeping P)."
+)
+
+
+def classify_kernel(name: str) -> str:
+    """Which part of our attention a GPU kernel belongs to, from its name (see KERNEL_CLASSES)."""
+    n = name.lower()
+    if "preprocess" in n:
+        return "preprocess"
+    if "dkdv" in n or "dk_dv" in n:
+        return "dkdv"
+    if "_dq" in n or n.startswith("dq"):
+        return "dq"
+    if "_bwd" in n:  # e.g. a fused _attn_bwd kernel
+        return "bwd_other"
+    if "_fwd" in n:
+        return "fwd"
+    return "other"
+
+
+def kernel_ms_per_iter(events: Iterable[tuple[str, float]], iters: int) -> dict[str, float]:
+    """Sum (kernel name, microseconds) events by class and divide by the iteration count -> ms."""
+    totals: dict[str, float] = defaultdict(float)
+    for name, us in events:
+        totals[classify_kernel(name)] += us
+    return {cls: totals[cls] / 1e3 / iters for cls in KERNEL_CLASSES}
+
+
+def profile_kernels(point: Point, device: torch.device, iters: int) -> dict[str, float] | None:
+    """Per-class kernel ms of our forward+backward at `point`, or None where the profiler sees no
+    GPU kernels (CPU)."""
+    attn = make_impl(point.impl)
+    q, k, v, do = random_inputs(point.batch, point.heads, point.seqlen, point.head_dim, parse_dtype(point.dtype), device)
+    _, forward_backward = step_fns(attn, q, k, v, do, point.causal)
+    for _ in range(3):  # compile and autotune outside the profile
+        forward_backward()
+    synchronize(device)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(iters):
+            forward_backward()
+        synchronize(device)
+    gpu = torch.autograd.DeviceType.CUDA
+    events = [(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == gpu]
+    return kernel_ms_per_iter(events, iters) if events else None
+
+
+def measure(point: Point, device: torch.device, iters: int, warmup_ms: float, rep_ms: float) -> dict[str, Any]:
+    timed = bench_point(point, make_impl_or_none(point.impl, device), device, warmup_ms, rep_ms)
+    fwd, bwd = (attention_flops(point.batch, point.heads, point.seqlen, point.seqlen, point.head_dim, point.causal, p)
+                for p in ("fwd", FLOP_PASSES[point.impl]))
+    row = {**{k: timed[k] for k in ("impl", "dtype", "head_dim", "seqlen", "batch", "heads", "causal", "fwd_ms", "bwd_ms")},
+           "bwd_fwd_ratio": None, "flop_ratio": bwd / fwd, "kernel_ms": None, "kernel_bwd_fwd_ratio": None, "status": timed["status"]}
+    if timed["fwd_ms"] and timed["bwd_ms"] is not None:
+        row["bwd_fwd_ratio"] = rounded(timed["bwd_ms"] / timed["fwd_ms"], 4)
+    if point.impl == "flash" and row["status"] == "ok":
+        kernels, status = run_guarded(lambda: profile_kernels(point, device, iters), device, f"profile {point.impl} N={point.seqlen}")
+        row["status"] = status
+        if kernels is not None:
+            row["kernel_ms"] = {cls: rounded(ms) for cls, ms in kernels.items()}
+            if kernels["fwd"] > 0:
+                row["kernel_bwd_fwd_ratio"] = rounded(sum(kernels[c] for c in BWD_CLASSES) / kernels["fwd"], 4)
+    return row
+
+
+def make_impl_or_none(name: str, device: torch.device):
+    return run_guarded(lambda: make_impl(name), device, f"{name} (building)")[0]
+
+
+TABLE = Table([
+    ("impl", "impl", 6, ""), ("seqlen", "N", 6, ""), ("batch", "B", 4, ""), ("causal", "causal", 6, ""),
+    ("fwd_ms", "fwd ms", 9, ".3f"), ("bwd_ms", "bwd ms", 9, ".3f"), ("bwd_fwd_ratio", "bwd/fwd", 7, ".2f"),
+    ("flop_ratio", "FLOPs", 5, ".1f"), ("k_fwd", "k fwd", 8, ".3f"), ("k_preprocess", "k pre", 8, ".3f"),
+    ("k_dkdv", "k dkdv", 8, ".3f"), ("k_dq", "k dq", 8, ".3f"), ("k_other", "k other", 8, ".3f"),
+    ("kernel_bwd_fwd_ratio", "k bwd/fwd", 9, ".2f"), ("status", "status", 11, ""),
+])
+
+
+def flat(row: dict[str, Any]) -> dict[str, Any]:
+    """The row with its kernel times as top-level k_* cells, for the tables."""
+    kernels = row["kernel_ms"] or {}
+    other = None if not kernels else kernels["other"] + kernels["bwd_other"]
+    return {**row, **{f"k_{c}": kernels.get(c) for c in ("fwd", "preprocess", "dkdv", "dq")}, "k_other": other}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seqlens", nargs="+", type=int, help="default 1024 2048 4096 8192 16384")
+    p.add_argument("--tokens", type=int, help="batch × seqlen held fixed (default 16384)")
+    p.add_argument("--heads", type=int, help="default 16")
+    p.add_argument("--head-dim", type=int, help="default 64")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--causal", choices=CAUSAL_CHOICES, default="both")
+    p.add_argument("--impls", nargs="+", choices=tuple(FLOP_PASSES), default=list(FLOP_PASSES))
+    p.add_argument("--iters", type=int, help="profiled forward+backward iterations (default 5)")
+    p.add_argument("--device", help="cuda (default when present) or cpu")
+    p.add_argument("--warmup-ms", type=float)
+    p.add_argument("--rep-ms", type=float)
+    p.add_argument("--quick", action="store_true", help="tiny shapes for a CPU smoke run; explicit flags still win")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR / "backward_profile.json", help="the markdown goes beside it (.md)")
+    args = p.parse_args(argv)
+    quick = dict(seqlens=[64], tokens=64, heads=2, head_dim=16, iters=1, warmup_ms=1.0, rep_ms=5.0)
+    defaults = dict(seqlens=[1024, 2048, 4096, 8192, 16384], tokens=16384, heads=16, head_dim=64, iters=5, warmup_ms=25.0, rep_ms=50.0)
+    for key, value in (quick if args.quick else defaults).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    try:
+        args.dtype = dtype_name(parse_dtype(args.dtype))
+    except ValueError as err:
+        p.error(str(err))
+    return args
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    args = parse_args(argv)
+    device = resolve_device(args.device)
+    meta = run_meta(device, CONVENTION)
+    print(f"backward profile on {meta['gpu']}: {args.dtype}, d={args.head_dim}, {args.heads} heads, {args.tokens} tokens", flush=True)
+    print(TABLE.header(), flush=True)
+    rows = []
+    for causal in CAUSAL_CHOICES[args.causal]:
+        for impl in args.impls:
+            for n in sorted(args.seqlens):
+                point = Point(impl, args.dtype, args.head_dim, n, max(1, args.tokens // n), args.heads, causal)
+                rows.append(measure(point, device, args.iters, args.warmup_ms, args.rep_ms))
+                print(TABLE.line(flat(rows[-1])), flush=True)
+                write_results(args.out, meta, rows)
+    if device.type != "cuda":
+        print("(no kernel times: torch.profiler records GPU kernels only on CUDA)", flush=True)
+    md = args.out.with_suffix(".md")
+    md.write_text(f"## Backward vs forward ({meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']})\n\n"
+                  f"{args.dtype}, head_dim {args.head_dim}, {args.heads} heads, batch × seqlen = {args.tokens}. "
+                  f"Times in ms; k_* = our kernels per forward+backward (torch.profiler).\n\n"
+                  f"{TABLE.markdown(flat(r) for r in rows)}\n\n{CONVENTION}\n")
+    print(f"wrote {args.out} and {md}", flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
