@@ -71,11 +71,12 @@ def sweep_points(
     impls: Iterable[str], dtypes: Iterable[str], head_dims: Iterable[int], causals: Iterable[bool],
     seqlens: Iterable[int], tokens: int, heads: int,
 ) -> list[Point]:
-    """Every point of the sweep, ordered so one implementation walks up in seqlen (its OOM
-    frontier reads top to bottom in the printed table)."""
+    """Every point of the sweep, one implementation after another (in the order given, so the
+    compile-heavy flex, last by default, cannot hold up the others), each walking up in seqlen
+    (its OOM frontier reads top to bottom in the printed table)."""
     return [
         Point(impl, dtype_name(parse_dtype(dt)), d, n, max(1, tokens // n), heads, causal)
-        for dt in dtypes for d in head_dims for causal in causals for impl in impls for n in sorted(seqlens)
+        for impl in impls for dt in dtypes for d in head_dims for causal in causals for n in sorted(seqlens)
     ]
 
 
