@@ -1,0 +1,65 @@
+"""model/attention.py: the three attend() implementations and the name -> implementation switch."""
+
+import math
+
+import pytest
+import torch
+import yaml
+
+from conftest import CONFIGS
+from model.attention import ATTENTION, SDPA_BACKENDS, get_attention, naive_attention, sdpa_attention
+
+
+def reference(q, k, v, causal):
+    """float64 softmax(QKᵀ/√d)V with the bottom-right causal mask, independent of the code under test."""
+    q, k, v = (t.double() for t in (q, k, v))
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        i = torch.arange(n_q)[:, None]
+        j = torch.arange(n_k)[None, :]
+        s = s.masked_fill(j > i + n_k - n_q, float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n_q,n_k", [(37, 37), (5, 37)])
+@pytest.mark.parametrize("impl", [naive_attention, sdpa_attention])
+def test_torch_implementations_match_float64(impl, causal, n_q, n_k):
+    q = torch.randn(2, 3, n_q, 16)
+    k, v = torch.randn(2, 2, 3, n_k, 16).unbind(0)
+    err = (impl(q, k, v, causal=causal).double() - reference(q, k, v, causal)).abs().max().item()
+    assert err < 1e-5, f"{impl.__name__} causal={causal} ({n_q}x{n_k}): max abs error {err:.2e}"
+
+
+def test_sdpa_pinned_math_backend_matches_auto():
+    q, k, v = torch.randn(3, 1, 2, 20, 8).unbind(0)
+    math_attend = get_attention("sdpa", backend="math")
+    torch.testing.assert_close(math_attend(q, k, v, causal=True), get_attention("sdpa")(q, k, v, causal=True))
+
+
+def test_switch_names_mirror_the_attention_config_group():
+    names = {yaml.safe_load(p.read_text())["name"] for p in (CONFIGS / "attention").glob("*.yaml")}
+    assert names == set(ATTENTION) == {"naive", "sdpa", "flash"}
+    sdpa_backend = yaml.safe_load((CONFIGS / "attention" / "sdpa.yaml").read_text())["backend"]
+    assert sdpa_backend == "auto"
+
+
+def test_flash_goes_through_the_kernel():
+    attend = get_attention("flash")
+    q, k, v = torch.randn(3, 1, 2, 24, 16).unbind(0)
+    torch.testing.assert_close(attend(q, k, v, causal=True).double(), reference(q, k, v, True), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "name,options,message",
+    [
+        ("flashy", {}, "attention.name='flashy' is unknown; choose one of naive, sdpa, flash"),
+        ("sdpa", {"backend": "fast"}, "attention.backend='fast' is not one of auto, " + ", ".join(SDPA_BACKENDS)),
+        ("naive", {"backend": "math"}, "attention=naive does not accept options ['backend']"),
+    ],
+)
+def test_bad_choices_fail_loudly(name, options, message):
+    with pytest.raises(ValueError) as err:
+        get_attention(name, **options)
+    assert message in str(err.value)

@@ -1,0 +1,39 @@
+"""Train a GPT-2 with a switchable attention: `python train.py attention=flash seq_len=8192`.
+
+Config: configs/config.yaml and its groups (attention, model, data, logger, experiment).
+Sweep: `python train.py -m attention=naive,sdpa,flash seq_len=1024,2048,4096,8192`.
+"""
+
+import logging
+import sys
+
+import kernels  # noqa: F401  first: picks Triton's backend (CPU interpreter without CUDA) before torch imports triton
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from training.config import ConfigError
+from training.loop import train
+
+log = logging.getLogger("train")
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    # In a -m sweep a failed job must return, not exit, so Hydra goes on to the next job.
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    try:
+        summary = train(cfg)
+    except ConfigError as err:
+        log.error("config error: %s", err)  # one line naming the field; no traceback
+        if multirun:
+            return None
+        sys.exit(2)
+    if summary["status"] != "ok" and not multirun:
+        sys.exit(1)
+    return summary.get("final/val_loss")  # what a Hydra sweeper would optimise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""Checks on the composed config, run before anything heavy, and the choices derived from it."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from omegaconf import DictConfig
+
+from model.attention import ATTENTION, SDPA_BACKENDS
+
+log = logging.getLogger(__name__)
+
+
+class ConfigError(ValueError):
+    """A config value the user must change; the message names the field."""
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _positive_int(cfg: DictConfig, key: str, prefix: str = "") -> None:
+    value = cfg[key]
+    ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    _require(ok, f"{prefix}{key} must be a positive integer (got {value!r})")
+
+
+def resolve_batch_size(cfg: DictConfig) -> None:
+    """Fill batch_size from tokens_per_step when it is null, so one default fits every seq_len."""
+    if cfg.batch_size is not None:
+        return
+    _positive_int(cfg, "seq_len")
+    _positive_int(cfg, "tokens_per_step")
+    _require(
+        cfg.tokens_per_step % cfg.seq_len == 0,
+        f"tokens_per_step={cfg.tokens_per_step} is not a multiple of seq_len={cfg.seq_len}; set batch_size instead",
+    )
+    cfg.batch_size = cfg.tokens_per_step // cfg.seq_len
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Raise ConfigError naming the first invalid field; cheap, touches no data or device.
+
+    Resolves a null batch_size first (see resolve_batch_size), in place.
+    """
+    resolve_batch_size(cfg)
+    for key in ("seq_len", "batch_size", "grad_accum", "steps"):
+        _positive_int(cfg, key)
+    _require(
+        cfg.batch_size % cfg.grad_accum == 0,
+        f"batch_size={cfg.batch_size} must be divisible by grad_accum={cfg.grad_accum}",
+    )
+    _require(cfg.stop_at is None or 0 < cfg.stop_at <= cfg.steps, f"stop_at must be in 1..steps={cfg.steps} or null (got {cfg.stop_at!r})")
+    _require(cfg.lr > 0, f"lr must be > 0 (got {cfg.lr})")
+    _require(0 <= cfg.min_lr <= cfg.lr, f"min_lr must be in [0, lr={cfg.lr}] (got {cfg.min_lr})")
+    for key in ("warmup_steps", "eval_every", "ckpt_every", "grad_clip", "weight_decay"):
+        _require(cfg[key] >= 0, f"{key} must be >= 0 (got {cfg[key]})")
+    _require(cfg.eval_steps > 0, f"eval_steps must be > 0 (got {cfg.eval_steps})")
+    _require(cfg.log_every > 0, f"log_every must be > 0 (got {cfg.log_every})")
+    _require(cfg.peak_tflops is None or cfg.peak_tflops > 0, f"peak_tflops must be > 0 or null (got {cfg.peak_tflops})")
+    _require(cfg.dtype in ("auto", "bf16", "fp32"), f"dtype must be auto, bf16 or fp32 (got {cfg.dtype!r})")
+    _require(cfg.compile in ("auto", True, False), f"compile must be auto, true or false (got {cfg.compile!r})")
+    _require(cfg.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda (got {cfg.device!r})")
+    _require(
+        cfg.device != "cuda" or torch.cuda.is_available(),
+        "device=cuda but torch sees no CUDA GPU; use device=auto or device=cpu",
+    )
+
+    m = cfg.model
+    for key in ("n_layer", "n_head", "n_embd"):
+        _positive_int(m, key, "model.")
+    _require(m.n_embd % m.n_head == 0, f"model.n_head={m.n_head} must divide model.n_embd={m.n_embd}")
+    _require(m.vocab_size is None or m.vocab_size > 0, f"model.vocab_size must be > 0 or null (got {m.vocab_size})")
+    _require(0 <= m.dropout < 1, f"model.dropout must be in [0, 1) (got {m.dropout})")
+
+    a = cfg.attention
+    _require(a.name in ATTENTION, f"attention.name={a.name!r} is unknown; choose one of {', '.join(ATTENTION)}")
+    if a.name == "sdpa":
+        backends = ("auto", *SDPA_BACKENDS)
+        _require(a.backend in backends, f"attention.backend must be one of {', '.join(backends)} (got {a.backend!r})")
+
+
+def resolve_device(cfg: DictConfig) -> torch.device:
+    if cfg.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(cfg.device)
+
+
+def resolve_dtype(cfg: DictConfig, device: torch.device) -> torch.dtype:
+    """Autocast dtype: bf16 on CUDA (tensor cores, no loss scaling), fp32 on CPU (bf16 is slow there)."""
+    if cfg.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"bf16": torch.bfloat16, "fp32": torch.float32}[cfg.dtype]
+
+
+def resolve_compile(cfg: DictConfig, device: torch.device) -> bool:
+    """auto compiles on CUDA only: on CPU it needs a C++ toolchain and costs more than it saves on tiny runs."""
+    return device.type == "cuda" if cfg.compile == "auto" else bool(cfg.compile)

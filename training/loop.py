@@ -1,0 +1,301 @@
+"""The training loop, built from small steps that tests call one by one.
+
+train(cfg): validate -> data -> build_model -> optimizer (-> resume) -> wrap_model -> loop of
+get_batch/train_step (+ evaluate, save_checkpoint) -> summary. Multi-GPU (DDP) slots in at
+three marked places: rank/world size in get_batch, the wrapper in wrap_model, rank-0-only logging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import Tensor, nn
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from data import build_dataset
+from model.attention import get_attention
+from model.flops import MFU_CONVENTION, flops_per_token, measure_matmul_flops, mfu
+from model.gpt import GPT, GPTConfig
+from training.checkpoint import CHECKPOINT_NAME, find_checkpoint, load_checkpoint, restore_checkpoint, save_checkpoint
+from training.config import ConfigError, resolve_compile, resolve_device, resolve_dtype, validate_config
+from training.metrics import MetricsLogger, attention_label, run_name
+from training.optim import build_optimizer, lr_at
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# Resuming with any of these changed would not continue the same run.
+RESUME_MUST_MATCH = ("model", "seq_len", "batch_size", "grad_accum", "seed", "data")
+
+
+def build_model(cfg: DictConfig, tokenizer_vocab: int, device: torch.device) -> GPT:
+    """GPT from the model group, seq_len and the attention group, on `device`, seeded by cfg.seed."""
+    m = cfg.model
+    vocab = m.vocab_size if m.vocab_size is not None else 64 * math.ceil(tokenizer_vocab / 64)
+    if vocab < tokenizer_vocab:
+        raise ConfigError(f"model.vocab_size={vocab} is smaller than the tokenizer's {tokenizer_vocab}; raise it or set null")
+    gcfg = GPTConfig(m.n_layer, m.n_head, m.n_embd, vocab, cfg.seq_len, m.dropout, m.bias)
+    attention_options = {k: v for k, v in cfg.attention.items() if k != "name"}
+    attend = get_attention(cfg.attention.name, **attention_options)
+    torch.manual_seed(cfg.seed)
+    return GPT(gcfg, attend).to(device)
+
+
+def wrap_model(model: nn.Module, cfg: DictConfig, device: torch.device) -> nn.Module:
+    """What the loop calls: the model, maybe compiled. DDP would wrap here too (after compile)."""
+    if resolve_compile(cfg, device):
+        log.info("compiling the model with torch.compile (the first steps are slow)")
+        return torch.compile(model)
+    return model
+
+
+def get_batch(ds: Any, split: str, batch_size: int, step: int, device: torch.device, rank: int = 0) -> tuple[Tensor, Tensor]:
+    """Batch number `step` of `split`, on device. Stateless: the same arguments give the same batch.
+
+    With DDP, each rank passes its own `rank` so ranks read different sequences.
+    """
+    x, y = ds.sample_batch(split, batch_size, step, rank)
+    if device.type == "cuda":  # pinned memory lets the copy overlap with compute
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: Iterator[tuple[Tensor, Tensor]],
+    grad_accum: int,
+    lr: float,
+    grad_clip: float,
+    autocast: Callable[[], contextlib.AbstractContextManager],
+) -> float:
+    """One optimizer step over `grad_accum` micro-batches; returns their mean loss."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    total = torch.zeros((), device=next(model.parameters()).device)
+    for _ in range(grad_accum):
+        x, y = next(micro_batches)
+        with autocast():
+            _, loss = model(x, y)
+        # Divide so the accumulated gradient is the mean over the whole batch.
+        # (DDP: skip the gradient all-reduce on all but the last micro-batch with model.no_sync().)
+        (loss / grad_accum).backward()
+        total += loss.detach()
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return total.item() / grad_accum  # .item() waits for the GPU, so step timings are real
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, ds: Any, eval_steps: int, batch_size: int, device: torch.device,
+    autocast: Callable[[], contextlib.AbstractContextManager],
+) -> float:
+    """Mean validation loss over the first `eval_steps` val batches (the same ones every time)."""
+    model.eval()
+    losses = []
+    for i in range(eval_steps):
+        x, y = get_batch(ds, "val", batch_size, i, device)
+        with autocast():
+            losses.append(model(x, y)[1])
+    model.train()
+    return torch.stack(losses).mean().item()
+
+
+@dataclass
+class Run:
+    """Everything the loop needs, built once by setup()."""
+
+    cfg: DictConfig
+    out_dir: Path
+    device: torch.device
+    ds: Any
+    raw_model: GPT  # unwrapped: what checkpoints store
+    model: nn.Module  # what the loop calls (maybe compiled)
+    optimizer: torch.optim.Optimizer
+    autocast: Callable[[], contextlib.AbstractContextManager]
+    start_step: int
+    flops_per_token: float
+    peak_flops: float | None
+    derived: dict[str, Any] = field(default_factory=dict)
+
+
+def setup(cfg: DictConfig) -> Run:
+    """Validate, then build data, model, optimizer; restore a checkpoint when resuming."""
+    validate_config(cfg)
+    out_dir = Path(cfg.out_dir)
+    device = resolve_device(cfg)
+    dtype = resolve_dtype(cfg, device)
+    cache_dir = Path(cfg.cache_dir)
+    try:
+        ds = build_dataset(cfg.data, cfg.seq_len, cache_dir if cache_dir.is_absolute() else REPO_ROOT / cache_dir, cfg.seed)
+    except ValueError as err:  # corpus too small, missing files...: the user's to fix
+        raise ConfigError(f"data={cfg.data.name}: {err}") from err
+    model = build_model(cfg, ds.vocab_size, device)
+    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), device)
+    start_step = _resume(cfg, out_dir, model, optimizer) if cfg.resume else 0
+    n_params = model.num_params()
+    fpt = flops_per_token(model.cfg, n_params)
+    peak, peak_source = _peak_flops(cfg, device, dtype)
+    autocast = lambda: torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)  # noqa: E731
+    derived = {
+        "params": n_params, "params_total": model.num_params(non_embedding=False),
+        "vocab_size": model.cfg.vocab_size, "tokenizer_vocab": ds.vocab_size,
+        "tokens_per_step": cfg.batch_size * cfg.seq_len, "micro_batch": cfg.batch_size // cfg.grad_accum,
+        "flops_per_token": fpt, "mfu_convention": MFU_CONVENTION, "peak_flops": peak, "peak_flops_source": peak_source,
+        "attention": attention_label(cfg), "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "dtype": str(dtype).removeprefix("torch."), "compile": resolve_compile(cfg, device),
+        "torch": torch.__version__, "start_step": start_step,
+    }
+    wrapped = wrap_model(model, cfg, device)
+    return Run(cfg, out_dir, device, ds, model, wrapped, optimizer, autocast, start_step, fpt, peak, derived)
+
+
+def _resume(cfg: DictConfig, out_dir: Path, model: GPT, optimizer: torch.optim.Optimizer) -> int:
+    try:
+        path = find_checkpoint(cfg.resume, out_dir)
+    except FileNotFoundError as err:
+        raise ConfigError(str(err)) from err
+    state = load_checkpoint(path)
+    saved, current = state["config"], OmegaConf.to_container(cfg, resolve=True)
+    for key in RESUME_MUST_MATCH:
+        if saved.get(key) != current.get(key):
+            raise ConfigError(
+                f"resume: {key} differs from the checkpoint's ({current.get(key)!r} vs saved {saved.get(key)!r}); "
+                "keep it the same to continue the run"
+            )
+    step = restore_checkpoint(state, model, optimizer)
+    log.info("resumed from %s after step %d", path, step)
+    return step
+
+
+def _peak_flops(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> tuple[float | None, str]:
+    """The MFU denominator: configured, else measured on CUDA, else none (CPU: no MFU)."""
+    if cfg.peak_tflops is not None:
+        return cfg.peak_tflops * 1e12, "config peak_tflops"
+    if device.type == "cuda":
+        return measure_matmul_flops(device, dtype), f"measured {dtype} 4096^3 matmul"
+    return None, "none (CPU: set peak_tflops for an MFU)"
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Train as configured; return the summary (status "ok" or "oom"). Config errors raise ConfigError."""
+    run = setup(cfg)
+    log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
+    log.info("derived: %s", run.derived)
+    metrics = MetricsLogger(cfg, run.out_dir, run.derived)  # DDP: rank 0 only
+    summary: dict[str, Any] = {"status": "ok"}
+    try:
+        summary.update(_loop(run, metrics))
+    except torch.OutOfMemoryError:
+        a = cfg.attention.name
+        log.error(
+            "out of GPU memory: attention=%s model=%s seq_len=%d batch_size=%d (micro-batch %d). "
+            "Try attention=flash (no N×N matrices), a smaller batch_size, or a larger grad_accum.",
+            a, cfg.model.name, cfg.seq_len, cfg.batch_size, cfg.batch_size // cfg.grad_accum,
+        )
+        summary.update(status="oom", error=f"CUDA out of memory (attention={a}, seq_len={cfg.seq_len}, batch_size={cfg.batch_size})")
+    except BaseException as err:  # still close the logs, marked as failed, then let it propagate
+        summary.update(status="error", error=repr(err))
+        raise
+    finally:
+        metrics.finish(summary)
+        if run.device.type == "cuda":
+            torch.cuda.empty_cache()  # a -m sweep's next job starts from a clean allocator
+    return summary
+
+
+def _loop(run: Run, metrics: MetricsLogger) -> dict[str, Any]:
+    cfg, device = run.cfg, run.device
+    end = cfg.stop_at or cfg.steps
+    micro = cfg.batch_size // cfg.grad_accum
+    times: list[float] = []
+    summary: dict[str, Any] = {}
+    bar = tqdm(range(run.start_step, end), initial=run.start_step, total=end, desc=run_name(cfg), disable=None)
+    with logging_redirect_tqdm(), _profiler(cfg, run.out_dir) as prof:
+        for step in bar:
+            t0 = time.perf_counter()
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            # Batch index step*grad_accum + i: the data position is a function of the step alone.
+            batches = (get_batch(run.ds, "train", micro, step * cfg.grad_accum + i, device) for i in range(cfg.grad_accum))
+            lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps)
+            loss = train_step(run.model, run.optimizer, batches, cfg.grad_accum, lr, cfg.grad_clip, run.autocast)
+            dt = time.perf_counter() - t0
+            times.append(dt)
+            row = _step_metrics(run, loss, lr, dt)
+            done = step + 1
+            if (cfg.eval_every and done % cfg.eval_every == 0) or done == end:
+                row["val/loss"] = evaluate(run.model, run.ds, cfg.eval_steps, micro, device, run.autocast)
+                summary["final/val_loss"] = row["val/loss"]
+            metrics.log(done, row)
+            bar.set_postfix_str(_postfix(row), refresh=False)
+            if done % cfg.log_every == 0 or done == end or "val/loss" in row:
+                log.info("step %d/%d | %s", done, cfg.steps, _postfix(row))
+            if cfg.ckpt_every and (done % cfg.ckpt_every == 0 or done == end):
+                save_checkpoint(run.out_dir / CHECKPOINT_NAME, run.raw_model, run.optimizer, done, OmegaConf.to_container(cfg, resolve=True))
+            if prof is not None:
+                prof.step()
+    summary["final/train_loss"] = loss if times else None
+    summary["steps_done"] = end
+    if times:
+        steady = statistics.median(times[1:] or times)  # step 1 pays for compilation and warm-up
+        summary["perf/step_ms"] = 1e3 * steady
+        summary["perf/tokens_per_s"] = cfg.batch_size * cfg.seq_len / steady
+        if run.peak_flops:
+            summary["perf/mfu"] = mfu(summary["perf/tokens_per_s"], run.flops_per_token, run.peak_flops)
+        if device.type == "cuda":
+            summary["perf/peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return summary
+
+
+def _step_metrics(run: Run, loss: float, lr: float, dt: float) -> dict[str, float]:
+    tokens_per_s = run.cfg.batch_size * run.cfg.seq_len / dt
+    row = {"train/loss": loss, "lr": lr, "perf/step_ms": 1e3 * dt, "perf/tokens_per_s": tokens_per_s}
+    if run.peak_flops:
+        row["perf/mfu"] = mfu(tokens_per_s, run.flops_per_token, run.peak_flops)
+    if run.device.type == "cuda":
+        row["perf/peak_mem_gib"] = torch.cuda.max_memory_allocated(run.device) / 2**30
+    return row
+
+
+def _postfix(row: dict[str, float]) -> str:
+    parts = [f"loss {row['train/loss']:.4f}"]
+    if "val/loss" in row:
+        parts.append(f"val {row['val/loss']:.4f}")
+    parts += [f"lr {row['lr']:.2e}", f"{row['perf/step_ms']:.0f} ms", f"{row['perf/tokens_per_s']:,.0f} tok/s"]
+    if "perf/mfu" in row:
+        parts.append(f"mfu {100 * row['perf/mfu']:.1f}%")
+    if "perf/peak_mem_gib" in row:
+        parts.append(f"mem {row['perf/peak_mem_gib']:.1f} GiB")
+    return " | ".join(parts)
+
+
+@contextlib.contextmanager
+def _profiler(cfg: DictConfig, out_dir: Path) -> Iterator[torch.profiler.profile | None]:
+    """profile=true: a torch.profiler trace of steps 3-5 (after warm-up) in <out_dir>/trace.json."""
+    if not cfg.profile:
+        yield None
+        return
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(
+        activities=activities,
+        schedule=torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(out_dir / "trace.json")),
+    ) as prof:
+        yield prof
