@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -40,7 +41,8 @@ ROW_KEYS = (
 )
 POINT_KEYS = ROW_KEYS[:7]  # what identifies a point (used to merge runs with --append)
 
-DEFAULT_SEQLENS = [512, 1024, 2048, 4096, 8192, 16384, 32768]
+DEFAULTS = dict(seqlens=[512, 1024, 2048, 4096, 8192, 16384, 32768], tokens=16384, heads=16, head_dims=[64, 128],
+                dtypes=["bfloat16", "float16"], warmup_ms=25.0, rep_ms=50.0)
 QUICK = dict(seqlens=[32, 64], tokens=64, heads=2, head_dims=[16], dtypes=["bfloat16"], warmup_ms=1.0, rep_ms=5.0)
 
 CONVENTION = (
@@ -237,23 +239,23 @@ CAUSAL_CHOICES = {"both": [False, True], "true": [True], "false": [False]}
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--impls", nargs="+", choices=IMPL_NAMES, help="default: all (flex left out on CPU)")
-    p.add_argument("--seqlens", nargs="+", type=int, help=f"default: {DEFAULT_SEQLENS}")
-    p.add_argument("--head-dims", nargs="+", type=int, help="default: 64 128")
-    p.add_argument("--dtypes", nargs="+", help="bfloat16/bf16, float16/fp16 (default: both)")
+    d = DEFAULTS
+    p.add_argument("--seqlens", nargs="+", type=int, help=f"default: {d['seqlens']}")
+    p.add_argument("--head-dims", nargs="+", type=int, help=f"default: {d['head_dims']}")
+    p.add_argument("--dtypes", nargs="+", help=f"bfloat16/bf16, float16/fp16 (default: {d['dtypes']})")
     p.add_argument("--causal", choices=CAUSAL_CHOICES, default="both")
-    p.add_argument("--tokens", type=int, help="batch × seqlen held fixed (default 16384)")
-    p.add_argument("--heads", type=int, help="default 16")
+    p.add_argument("--tokens", type=int, help=f"batch × seqlen held fixed (default {d['tokens']})")
+    p.add_argument("--heads", type=int, help=f"default {d['heads']}")
     p.add_argument("--device", help="cuda (default when present) or cpu")
-    p.add_argument("--warmup-ms", type=float, help="do_bench warm-up budget per measurement (default 25)")
-    p.add_argument("--rep-ms", type=float, help="do_bench repetition budget per measurement (default 50)")
-    p.add_argument("--quick", action="store_true", help="tiny shapes and budgets for a CPU smoke run; explicit flags still win")
+    p.add_argument("--warmup-ms", type=float, help=f"do_bench warm-up budget per measurement (default {d['warmup_ms']})")
+    p.add_argument("--rep-ms", type=float, help=f"do_bench repetition budget per measurement (default {d['rep_ms']})")
+    p.add_argument("--quick", action="store_true", help=f"CPU smoke run: {QUICK}; explicit flags still win")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "attention_bench.json")
     p.add_argument("--plot-dir", type=Path, default=PLOTS_DIR)
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--append", action="store_true", help="merge into --out: keep its rows that this run does not re-measure")
     args = p.parse_args(argv)
-    defaults = dict(seqlens=DEFAULT_SEQLENS, tokens=16384, heads=16, head_dims=[64, 128], dtypes=["bfloat16", "float16"], warmup_ms=25.0, rep_ms=50.0)
-    for key, value in (QUICK if args.quick else defaults).items():
+    for key, value in (QUICK if args.quick else DEFAULTS).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     for dt in args.dtypes:
@@ -281,16 +283,20 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     impls = build_impls(impl_names, device)
     print(TABLE.header(), flush=True)
     new_rows: list[dict[str, Any]] = []
+    start = last = time.perf_counter()
 
     def on_row(row: dict[str, Any]) -> None:
+        nonlocal last
         new_rows.append(row)
-        print(TABLE.line(row), flush=True)
+        now = time.perf_counter()
+        print(f"{TABLE.line(row)} {now - last:6.1f}s", flush=True)  # wall time per point, to budget sweeps
+        last = now
         write_results(args.out, meta, merge_rows(old_rows, new_rows))
 
     run_sweep(points, impls, device, args.warmup_ms, args.rep_ms, on_row)
     rows = merge_rows(old_rows, new_rows)
     write_results(args.out, meta, rows)
-    print(f"wrote {args.out} ({len(rows)} rows)", flush=True)
+    print(f"wrote {args.out} ({len(rows)} rows) after {time.perf_counter() - start:.0f} s", flush=True)
     if not args.no_plots and rows:
         for path in plot_results(rows, args.plot_dir):
             print(f"wrote {path}", flush=True)

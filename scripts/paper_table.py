@@ -420,20 +420,21 @@ DEFAULTS = dict(batch=64, heads=16, seqlen=1024, head_dim=64, block_n=[32, 64, 1
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", type=int, help="default 64")
-    p.add_argument("--heads", type=int, help="default 16")
-    p.add_argument("--seqlen", type=int, help="default 1024")
-    p.add_argument("--head-dim", type=int, help="default 64")
+    d = DEFAULTS
+    p.add_argument("--batch", type=int, help=f"default {d['batch']}")
+    p.add_argument("--heads", type=int, help=f"default {d['heads']}")
+    p.add_argument("--seqlen", type=int, help=f"default {d['seqlen']}")
+    p.add_argument("--head-dim", type=int, help=f"default {d['head_dim']}")
     p.add_argument("--dtype", default="float16")
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True, help="GPT-2 is causal (default)")
     p.add_argument("--impls", nargs="+", choices=IMPL_NAMES, default=["naive", "flash", "sdpa"])
-    p.add_argument("--block-n", nargs="*", type=int, help="BLOCK_N values of the study (default 32 64 128 256; none: skip it)")
+    p.add_argument("--block-n", nargs="*", type=int, help=f"BLOCK_N values of the study (default {d['block_n']}; none: skip it)")
     p.add_argument("--block-m", type=int, help="force BLOCK_M too in the study (default: the kernel's choice)")
     p.add_argument("--ncu", choices=("auto", "off"), default="auto", help="auto: Nsight Compute when `ncu` is on PATH and CUDA is used")
     p.add_argument("--device", help="cuda (default when present) or cpu")
     p.add_argument("--warmup-ms", type=float)
     p.add_argument("--rep-ms", type=float)
-    p.add_argument("--quick", action="store_true", help="tiny shapes for a CPU smoke run; explicit flags still win")
+    p.add_argument("--quick", action="store_true", help=f"CPU smoke run: {QUICK}; explicit flags still win")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "paper_table.json", help="the markdown goes beside it (.md)")
     p.add_argument("--ncu-child", choices=IMPL_NAMES, help=argparse.SUPPRESS)  # internal: the run profiled by ncu
     p.add_argument("--child-pass", choices=("fwd", "fwdbwd"), default="fwdbwd", help=argparse.SUPPRESS)

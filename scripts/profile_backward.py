@@ -130,25 +130,28 @@ def flat(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, **{f"k_{c}": kernels.get(c) for c in ("fwd", "preprocess", "dkdv", "dq")}, "k_other": other}
 
 
+DEFAULTS = dict(seqlens=[1024, 2048, 4096, 8192, 16384], tokens=16384, heads=16, head_dim=64, iters=5, warmup_ms=25.0, rep_ms=50.0)
+QUICK = dict(seqlens=[64], tokens=64, heads=2, head_dim=16, iters=1, warmup_ms=1.0, rep_ms=5.0)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seqlens", nargs="+", type=int, help="default 1024 2048 4096 8192 16384")
-    p.add_argument("--tokens", type=int, help="batch × seqlen held fixed (default 16384)")
-    p.add_argument("--heads", type=int, help="default 16")
-    p.add_argument("--head-dim", type=int, help="default 64")
+    d = DEFAULTS
+    p.add_argument("--seqlens", nargs="+", type=int, help=f"default {d['seqlens']}")
+    p.add_argument("--tokens", type=int, help=f"batch × seqlen held fixed (default {d['tokens']})")
+    p.add_argument("--heads", type=int, help=f"default {d['heads']}")
+    p.add_argument("--head-dim", type=int, help=f"default {d['head_dim']}")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--causal", choices=CAUSAL_CHOICES, default="both")
     p.add_argument("--impls", nargs="+", choices=tuple(FLOP_PASSES), default=list(FLOP_PASSES))
-    p.add_argument("--iters", type=int, help="profiled forward+backward iterations (default 5)")
+    p.add_argument("--iters", type=int, help=f"profiled forward+backward iterations (default {d['iters']})")
     p.add_argument("--device", help="cuda (default when present) or cpu")
     p.add_argument("--warmup-ms", type=float)
     p.add_argument("--rep-ms", type=float)
-    p.add_argument("--quick", action="store_true", help="tiny shapes for a CPU smoke run; explicit flags still win")
+    p.add_argument("--quick", action="store_true", help=f"CPU smoke run: {QUICK}; explicit flags still win")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "backward_profile.json", help="the markdown goes beside it (.md)")
     args = p.parse_args(argv)
-    quick = dict(seqlens=[64], tokens=64, heads=2, head_dim=16, iters=1, warmup_ms=1.0, rep_ms=5.0)
-    defaults = dict(seqlens=[1024, 2048, 4096, 8192, 16384], tokens=16384, heads=16, head_dim=64, iters=5, warmup_ms=25.0, rep_ms=50.0)
-    for key, value in (quick if args.quick else defaults).items():
+    for key, value in (QUICK if args.quick else DEFAULTS).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     try:
