@@ -188,7 +188,8 @@ def _to_dataset(docs: list[Document]) -> datasets.Dataset:
 
 
 def _load_hub(cfg: DictConfig) -> Corpus:
-    _check_hub_reachable(cfg)
+    if not os.path.exists(cfg.dataset):  # a local folder (hub layout, or data files) needs no network
+        _check_hub_reachable(cfg)
     try:
         ds = datasets.load_dataset(cfg.dataset, cfg.config, split=cfg.split)
     except (ConnectionError, FileNotFoundError) as err:  # offline without a cached copy, or a wrong name
@@ -252,8 +253,12 @@ def _check_hub_reachable(cfg: DictConfig) -> None:
 
 
 def _hub_help(cfg: DictConfig, reason: str) -> str:
+    cache_hint = (
+        "HF_HUB_OFFLINE is set, so only a cached copy would do, and there is none."
+        if _env_true("HF_HUB_OFFLINE") or _env_true("HF_DATASETS_OFFLINE")
+        else "If the dataset is already in your Hugging Face cache, set HF_HUB_OFFLINE=1 to use that copy."
+    )
     return (
         f"data=hf could not load {cfg.dataset!r} ({reason}). Offline? Use data=text data.paths='[your/*.txt]' "
-        "for local files or the default data=stdlib (embedded); if the dataset is already in your "
-        "Hugging Face cache, set HF_HUB_OFFLINE=1 to use that copy."
+        f"for local files or the default data=stdlib (embedded). {cache_hint}"
     )

@@ -1,5 +1,6 @@
 """data/: tiny corpora in temp dirs, no network. Builds cost ~0.1-1 s each (tokenizer vocab 300-400)."""
 
+import json
 import logging
 import os
 import random
@@ -8,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import datasets
 import numpy as np
 import pytest
 import torch
@@ -224,14 +226,18 @@ def test_invalid_knobs(corpus_dir: Path, tmp_path: Path):
         build_dataset(text_cfg(corpus_dir), seq_len=0, cache_dir=tmp_path, seed=0)
 
 
-def test_caps_pick_a_deterministic_subset(corpus_dir: Path):
+def test_caps_pick_a_deterministic_subset(tmp_path: Path):
+    for i in range(12):  # equal sizes, so the byte cap maps to a known file count
+        (tmp_path / f"doc{i:02d}.txt").write_text(f"{i:04d} " + "the cat sat on the mat\n" * 40)
+    size = len((tmp_path / "doc00.txt").read_bytes())
+
     def names(**caps):
-        corpus = load_corpus(text_cfg(corpus_dir, **caps))
+        corpus = load_corpus(text_cfg(tmp_path, **caps))
         return sorted(list(corpus.train["name"]) + list(corpus.val["name"]))
 
     assert len(names(max_files=5)) == 5 and names(max_files=5) == names(max_files=5)
-    one_file = len((corpus_dir / "doc00.txt").read_bytes())
-    assert len(names(max_bytes=3 * one_file)) == 3  # whole files until the cap is reached
+    assert set(names(max_files=5)) < set(names(max_files=6))  # one fixed order, cut at the cap
+    assert len(names(max_bytes=3 * size)) == 3 and len(names(max_bytes=2 * size + 1)) == 3  # whole files, up to the cap
     assert len(names()) == 12
 
 
@@ -295,6 +301,23 @@ def test_hf_unreachable_hub_fails_fast(tmp_path: Path, monkeypatch: pytest.Monke
     with pytest.raises(ValueError, match=r"cannot connect to 127\.0\.0\.1:9.*Offline\? Use data=text"):
         build_dataset(data_cfg("hf"), seq_len=64, cache_dir=tmp_path, seed=0)
     assert time.perf_counter() - start < 10
+
+
+def test_hf_pipeline_on_a_local_dataset_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """load_dataset on a local folder: the hub path (column, row caps, blank rows, row split) without network."""
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf")  # keep ~/.cache clean
+    folder = tmp_path / "local"
+    folder.mkdir()
+    rows = [{"story": f"story {i}: " + " ".join(random.Random(i).choices(WORDS, k=30)), "id": i} for i in range(60)]
+    rows[3]["story"] = "   "  # blank rows are dropped, not turned into lone separators
+    (folder / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    cfg = data_cfg("hf", dataset=str(folder), config=None, text_field="story", max_docs=50, vocab_size=300, val_fraction=0.2)
+    ds = build_dataset(cfg, seq_len=16, cache_dir=tmp_path / "cache", seed=0)
+    docs = [d for s in ("train", "val") for d in ds.tokenizer.decode(ds.tokens[s].tolist(), skip_special_tokens=False).split(EOT)[:-1]]
+    assert sorted(docs) == sorted(r["story"] for r in rows[:50] if r["story"].strip())
+    assert "49 rows" in ds.describe()
+    with pytest.raises(ValueError, match=r"data.text_field='text' is not a column .* \['story', 'id'\]"):
+        build_dataset(data_cfg("hf", dataset=str(folder), config=None), seq_len=16, cache_dir=tmp_path / "cache", seed=0)
 
 
 @pytest.mark.parametrize("path", DATA_CONFIGS, ids=lambda p: p.name)
