@@ -228,7 +228,9 @@ def measure_hbm_ncu(ncu: str, child_args: list[str], timeout_s: float = 600) -> 
         tail = "\n    ".join((text + proc.stdout + proc.stderr).strip().splitlines()[-8:])
         print(f"  ncu: no measurement (exit {proc.returncode}, {kernels} kernels); last output:\n    {tail}", flush=True)
         return None
-    return totals["dram__bytes_read.sum"] / 1e9, totals["dram__bytes_write.sum"] / 1e9, kernels
+    read_gb, write_gb = totals["dram__bytes_read.sum"] / 1e9, totals["dram__bytes_write.sum"] / 1e9
+    print(f"  ncu: {kernels} kernels profiled: {read_gb:.3f} GB read, {write_gb:.3f} GB written", flush=True)
+    return read_gb, write_gb, kernels
 
 
 def forced_forward_blocks(block_m: int | None, block_n: int | None):
@@ -292,7 +294,6 @@ def measure_impl(impl: str, shape: Shape, device: torch.device, ncu: str | None,
         row["gflops_fwd_counted"], row["gflops_bwd_counted"] = counted_gflops(attn, shape, device)
         q, k, v, do = random_inputs(shape.batch, shape.heads, shape.seqlen, shape.head_dim, parse_dtype(shape.dtype), device)
         _, forward_backward = step_fns(attn, q, k, v, do, shape.causal)
-        forward_backward()
         row["runtime_ms"] = bench_ms(forward_backward, device, warmup_ms, rep_ms)
 
     _, row["status"] = run_guarded(measure, device, impl)
