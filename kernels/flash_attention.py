@@ -99,19 +99,19 @@ def _fwd_inner(
         kv_ok = (cols[:, None] < seqlen_k) & d_ok
         k = tl.load(k_base + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_ok, other=0.0)
         k = _mma_operand(k, ELEM, UPCAST)
-        # scores in base-2 units: exp2(s·scale·log2 e) = e^{s·scale}
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N) raw scores
         if MASKED:
             keep = cols[None, :] < seqlen_k
             if CAUSAL:
                 keep = keep & (cols[None, :] <= offs_m[:, None] + offset)
             s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # m is kept in base-2 units: e^{scale·s} = exp2(log2(e)·scale·s), so p is one FMA + exp2
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
         m_sub = m_new
         if MASKED:
             # a row that has seen no key yet keeps m = -inf; subtract 0 so e^{-inf - (-inf)} never appears
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_sub[:, None])
+        p = tl.math.exp2(s * qk_scale - m_sub[:, None])
         alpha = tl.math.exp2(m_i - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_ok, other=0.0)
@@ -420,8 +420,10 @@ def kernel_config(kernel: str, block_d: int, dtype: torch.dtype, causal: bool) -
     if interpreting():
         default = KernelConfig(64, 64)
     elif kernel == "fwd":
-        wide = dtype == torch.float32 or block_d > 128  # fp32 tiles and d=256 need more shared memory
-        default = KernelConfig(64 if wide else 128, 32 if block_d > 128 else 64, num_warps=8 if block_d >= 128 else 4, num_stages=2 if wide else 3)
+        if dtype == torch.float32 or block_d > 128:  # wider tiles: fit shared memory
+            default = KernelConfig(64, 32, num_warps=4 if block_d <= 64 else 8, num_stages=2)
+        else:  # H200 sweep, bf16 N=8192: 128×64, 8 warps, 3 stages best at d=64 and d=128
+            default = KernelConfig(128, 64, num_warps=8, num_stages=3)
     else:
         small = dtype == torch.float32 or block_d > 64
         default = KernelConfig(32 if small else 64, 32 if block_d > 128 else 64, num_warps=4 if block_d <= 64 else 8, num_stages=2)
@@ -462,37 +464,56 @@ def _flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     return o, lse
 
 
+def _bwd_preprocess(o: torch.Tensor, do: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    batch, heads_q, seqlen_q, head_dim = o.shape
+    delta = torch.empty_like(lse)
+    block_m = 64
+    _bwd_preprocess_kernel[(triton.cdiv(seqlen_q, block_m), batch * heads_q)](
+        o, do, delta, *o.stride(), *do.stride(), heads_q, seqlen_q,
+        HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=block_m,
+    )
+    return delta
+
+
+def _bwd_dkdv(do, q, k, v, lse, delta, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    batch, heads_q, seqlen_q, _ = q.shape
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    consts = _launch_args(q, k)
+    cfg = kernel_config("bwd_dkdv", consts["BLOCK_D"], q.dtype, causal)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    _bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg.BLOCK_N), batch * heads_kv)](
+        q, k, v, do, lse, delta, dk, dv,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+        heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E, scale,
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, CAUSAL=causal,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,
+    )
+    return dk, dv
+
+
+def _bwd_dq(do, q, k, v, lse, delta, causal: bool, scale: float) -> torch.Tensor:
+    batch, heads_q, seqlen_q, _ = q.shape
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    consts = _launch_args(q, k)
+    cfg = kernel_config("bwd_dq", consts["BLOCK_D"], q.dtype, causal)
+    dq = torch.empty_like(q)
+    _bwd_dq_kernel[(triton.cdiv(seqlen_q, cfg.BLOCK_M), batch * heads_q)](
+        q, k, v, do, lse, delta, dq,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+        heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E, scale,
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, CAUSAL=causal,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,
+    )
+    return dq
+
+
 def _flash_backward(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
     causal: bool, scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    batch, heads_q, seqlen_q, _ = q.shape
-    heads_kv, seqlen_k = k.shape[1], k.shape[2]
-    group = heads_q // heads_kv
-    consts = _launch_args(q, k)
-    delta = torch.empty_like(lse)
-    pre_block = 64
-    _bwd_preprocess_kernel[(triton.cdiv(seqlen_q, pre_block), batch * heads_q)](
-        o, do, delta, *o.stride(), *do.stride(), heads_q, seqlen_q,
-        HEAD_DIM=consts["HEAD_DIM"], BLOCK_D=consts["BLOCK_D"], BLOCK_M=pre_block,
-    )
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    cfg = kernel_config("bwd_dkdv", consts["BLOCK_D"], q.dtype, causal)
-    _bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg.BLOCK_N), batch * heads_kv)](
-        q, k, v, do, lse, delta, dk, dv,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-        heads_q, heads_kv, group, seqlen_q, seqlen_k, scale * LOG2E, scale,
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, CAUSAL=causal,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,
-    )
-    cfg = kernel_config("bwd_dq", consts["BLOCK_D"], q.dtype, causal)
-    _bwd_dq_kernel[(triton.cdiv(seqlen_q, cfg.BLOCK_M), batch * heads_q)](
-        q, k, v, do, lse, delta, dq,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-        heads_q, group, seqlen_q, seqlen_k, scale * LOG2E, scale,
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, CAUSAL=causal,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,
-    )
+    delta = _bwd_preprocess(o, do, lse)
+    dk, dv = _bwd_dkdv(do, q, k, v, lse, delta, causal, scale)
+    dq = _bwd_dq(do, q, k, v, lse, delta, causal, scale)
     return dq, dk, dv
 
 

@@ -2,8 +2,7 @@
 
 import os
 
-# Before anything imports triton: kernels run in the CPU interpreter under pytest (no GPU here).
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import kernels  # noqa: E402,F401  first: picks Triton's backend (the CPU interpreter without CUDA) before anything imports triton
 os.environ.setdefault("WANDB_SILENT", "true")
 
 from pathlib import Path  # noqa: E402
