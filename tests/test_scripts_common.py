@@ -136,3 +136,12 @@ def test_pinned_cuda_only_backend_is_unsupported_on_cpu():
     q, k, v, _ = common.random_inputs(1, 1, 8, 16, torch.float32, CPU, requires_grad=False)
     result, status = common.run_guarded(lambda: make_impl("sdpa_cudnn")(q, k, v, False), CPU, "sdpa_cudnn")
     assert result is None and status == "unsupported"
+
+
+def test_flex_builds_without_compiling_yet():
+    # Compiling happens at the first call (on the GPU); building only wires the compiled function
+    # and lets dynamo keep one static-shape variant per benchmarked shape.
+    flex = make_impl("flex")
+    config = torch._dynamo.config
+    limit = config.recompile_limit if hasattr(config, "recompile_limit") else config.cache_size_limit
+    assert callable(flex) and limit >= 64
