@@ -416,17 +416,22 @@ def kernel_config(kernel: str, block_d: int, dtype: torch.dtype, causal: bool) -
 
     One table for every caller (tests, training, benchmarks); the interpreter gets 64×64
     blocks because its cost grows with the number of programs × key blocks, not with tile size.
+    The GPU entries are the fastest of scripts/tune_flash.py's sweeps on an H200 (bf16, N=8192,
+    16 heads, d=64 and 128; docs/perf-notes.md); float32 and d=256 get smaller tiles to fit.
     """
     if interpreting():
         default = KernelConfig(64, 64)
     elif kernel == "fwd":
         if dtype == torch.float32 or block_d > 128:  # wider tiles: fit shared memory
             default = KernelConfig(64, 32, num_warps=4 if block_d <= 64 else 8, num_stages=2)
-        else:  # H200 sweep, bf16 N=8192: 128×64, 8 warps, 3 stages best at d=64 and d=128
+        else:
             default = KernelConfig(128, 64, num_warps=8, num_stages=3)
-    else:
-        small = dtype == torch.float32 or block_d > 64
-        default = KernelConfig(32 if small else 64, 32 if block_d > 128 else 64, num_warps=4 if block_d <= 64 else 8, num_stages=2)
+    elif dtype == torch.float32 or block_d > 128:  # fit shared memory and registers
+        default = KernelConfig(32, 32, num_warps=8, num_stages=2)
+    elif kernel == "bwd_dkdv":  # programs own BLOCK_N keys (dK, dV accumulators) and stream BLOCK_M queries
+        default = KernelConfig(32, 128, num_warps=4, num_stages=3) if block_d <= 64 else KernelConfig(64, 64, num_warps=4, num_stages=2)
+    else:  # bwd_dq: programs own BLOCK_M queries and stream BLOCK_N keys
+        default = KernelConfig(128, 64, num_warps=8, num_stages=3)
     return dataclasses.replace(default, **_forced.get(kernel, {}))
 
 
