@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import datasets
 import numpy as np
 import pyarrow.compute as pc
 import torch
@@ -31,6 +32,7 @@ from data.tokenizer import EOT, get_tokenizer
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val")
+_WINDOWS, _SYNTHETIC = 0, 1  # RNG purposes: window offsets, synthetic token ids
 RECIPE = 1  # bump when the token file layout or the encoding changes
 
 
@@ -60,7 +62,7 @@ class TokenDataset:
         tokens = self._split(split)
         if batch_size < 1 or step < 0 or rank < 0:
             raise ValueError(f"need batch_size >= 1, step >= 0, rank >= 0; got {batch_size}, {step}, {rank}")
-        rng = np.random.default_rng([self.seed, SPLITS.index(split), step, rank])
+        rng = _rng(self.seed, _WINDOWS, split, step, rank)
         starts = rng.integers(0, len(tokens) - self.seq_len, size=batch_size)  # last start leaves seq_len+1 tokens
         windows = torch.from_numpy(np.stack([tokens[s : s + self.seq_len + 1] for s in starts]).astype(np.int64))
         return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
@@ -83,7 +85,8 @@ def build_dataset(data_cfg: DictConfig, seq_len: int, cache_dir: Path, seed: int
     if data_cfg.source == "synthetic":
         vocab = int(data_cfg.vocab_size)
         tokens = _synthetic_tokens(vocab, int(data_cfg.num_tokens), seed)
-        ds = TokenDataset(tokens, vocab, seq_len, seed, None, f"synthetic: uniform random ids < {vocab}, {len(tokens['train']):,} per split")
+        info = f"synthetic: uniform random ids < {vocab}, {len(tokens['train']):,} per split"
+        ds = TokenDataset(tokens, vocab, seq_len, seed, None, info)
         _check_long_enough(ds, "raise data.num_tokens")
         return ds
     start = time.perf_counter()
@@ -100,7 +103,7 @@ def build_dataset(data_cfg: DictConfig, seq_len: int, cache_dir: Path, seed: int
     return ds
 
 
-def tokenise(corpus: Corpus, tok: Tokenizer, num_proc: int, cache_dir: Path) -> tuple[dict[str, np.memmap], Path]:
+def tokenise(corpus: Corpus, tok: Tokenizer, num_proc: int | None, cache_dir: Path) -> tuple[dict[str, np.memmap], Path]:
     """Flat token files for both splits (documents joined by EOT), cached by corpus + tokenizer fingerprint."""
     key = digest(corpus.fingerprints, digest(tok.to_str()), RECIPE)
     token_dir = cache_dir / "tokens"
@@ -111,15 +114,22 @@ def tokenise(corpus: Corpus, tok: Tokenizer, num_proc: int, cache_dir: Path) -> 
         if meta is None:
             start = time.perf_counter()
             dtype = token_dtype(tok.get_vocab_size())
-            counts = {split: _write_tokens(getattr(corpus, split), tok, dtype, num_proc, paths[split], f"{key}-{split}") for split in SPLITS}
+            counts = {
+                split: _write_tokens(getattr(corpus, split), tok, dtype, num_proc, paths[split], f"{key}-{split}")
+                for split in SPLITS
+            }
             meta = {"dtype": dtype.name, "num_tokens": counts, "vocab_size": tok.get_vocab_size()}
             write_meta(meta_path, list(paths.values()), meta)
             log.info("tokenised %s in %.1f s -> %s", counts, time.perf_counter() - start, token_dir)
     return {split: np.memmap(paths[split], dtype=np.dtype(meta["dtype"]), mode="r") for split in SPLITS}, token_dir
 
 
-def _write_tokens(docs, tok: Tokenizer, dtype: np.dtype, num_proc: int, path: Path, fingerprint: str) -> int:
+def _write_tokens(
+    docs: datasets.Dataset, tok: Tokenizer, dtype: np.dtype, num_proc: int | None, path: Path, fingerprint: str
+) -> int:
+    """Encode docs (EOT after each) with datasets.map and append the ids to `path`; returns the count."""
     eot = tok.token_to_id(EOT)
+    num_proc = max(1, num_proc or 1)
 
     def encode(batch: dict[str, list[str]]) -> dict[str, list[np.ndarray]]:
         return {"ids": [np.array(e.ids + [eot], dtype=dtype) for e in tok.encode_batch(batch["text"])]}
@@ -161,7 +171,13 @@ def _tokenizers_single_threaded(active: bool) -> Iterator[None]:
 def _synthetic_tokens(vocab_size: int, num_tokens: int, seed: int) -> dict[str, np.ndarray]:
     """Uniform random ids: nothing to learn, nothing to read, for measuring speed alone."""
     dtype = token_dtype(vocab_size)
-    return {split: np.random.default_rng([seed, i, 5]).integers(0, vocab_size, num_tokens, dtype=dtype) for i, split in enumerate(SPLITS)}
+    return {split: _rng(seed, _SYNTHETIC, split).integers(0, vocab_size, num_tokens, dtype=dtype) for split in SPLITS}
+
+
+def _rng(seed: int, purpose: int, split: str, step: int = 0, rank: int = 0) -> np.random.Generator:
+    """One independent stream per key. The key has a fixed length because SeedSequence gives
+    [a, b] and [a, b, 0] the same stream."""
+    return np.random.default_rng([seed, purpose, SPLITS.index(split), step, rank])
 
 
 def _check_long_enough(ds: TokenDataset, remedy: str) -> None:

@@ -31,7 +31,9 @@ RECIPE = 1  # bump when train_bpe changes, so caches built by the old recipe are
 def train_bpe(texts: Iterable[list[str]], vocab_size: int, min_frequency: int) -> Tokenizer:
     """Train a byte-level BPE on batches of texts. On a small corpus the vocab may end below vocab_size."""
     if vocab_size < MIN_VOCAB:
-        raise ValueError(f"data.vocab_size={vocab_size} is too small: byte-level BPE needs at least {MIN_VOCAB} (256 bytes + {EOT})")
+        raise ValueError(
+            f"data.vocab_size={vocab_size} is too small: byte-level BPE needs at least {MIN_VOCAB} (256 bytes + {EOT})"
+        )
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # keep text exactly as written
     tok.decoder = decoders.ByteLevel()
@@ -48,7 +50,10 @@ def train_bpe(texts: Iterable[list[str]], vocab_size: int, min_frequency: int) -
 
 def get_tokenizer(train: datasets.Dataset, train_fingerprint: str, cfg: DictConfig, cache_dir: Path) -> tuple[Tokenizer, Path]:
     """The cached tokenizer for this train split and these settings, trained on first use."""
-    settings = {"vocab_size": int(cfg.vocab_size), "min_frequency": int(cfg.min_frequency), "recipe": RECIPE, "tokenizers": tokenizers.__version__}
+    settings = {
+        "vocab_size": int(cfg.vocab_size), "min_frequency": int(cfg.min_frequency),
+        "recipe": RECIPE, "tokenizers": tokenizers.__version__,  # another version may merge differently
+    }
     path = cache_dir / "tokenizers" / f"bpe-{digest(train_fingerprint, settings)}.json"
     meta_path = path.with_name(path.name + ".meta.json")
     with build_lock(path.with_name(path.name + ".lock")):
