@@ -8,6 +8,7 @@ three marked places: rank/world size in get_batch, the wrapper in wrap_model, ra
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import math
 import statistics
@@ -55,6 +56,7 @@ def wrap_model(model: nn.Module, cfg: DictConfig, device: torch.device) -> nn.Mo
     """What the loop calls: the model, maybe compiled. DDP would wrap here too (after compile)."""
     if resolve_compile(cfg, device):
         log.info("compiling the model with torch.compile (the first steps are slow)")
+        torch._dynamo.reset()  # in a -m sweep, drop the previous job's graphs (and its recompile budget)
         return torch.compile(model)
     return model
 
@@ -195,7 +197,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     """Train as configured; return the summary (status "ok" or "oom"). Config errors raise ConfigError."""
     run = setup(cfg)
     log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
-    log.info("derived: %s", run.derived)
+    log.info("derived: %s", ", ".join(f"{k}={v}" for k, v in run.derived.items()))
     metrics = MetricsLogger(cfg, run.out_dir, run.derived)  # DDP: rank 0 only
     summary: dict[str, Any] = {"status": "ok"}
     try:
@@ -213,8 +215,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         raise
     finally:
         metrics.finish(summary)
-        if run.device.type == "cuda":
-            torch.cuda.empty_cache()  # a -m sweep's next job starts from a clean allocator
+        log.info("summary: %s | run folder %s", ", ".join(f"{k}={_short(v)}" for k, v in summary.items()), run.out_dir)
+    if run.device.type == "cuda":  # a -m sweep's next job (e.g. after an OOM) starts with this one's memory free
+        del run
+        gc.collect()
+        torch.cuda.empty_cache()
     return summary
 
 
@@ -223,6 +228,7 @@ def _loop(run: Run, metrics: MetricsLogger) -> dict[str, Any]:
     end = cfg.stop_at or cfg.steps
     micro = cfg.batch_size // cfg.grad_accum
     times: list[float] = []
+    recent: list[float] = []  # train losses since the last console line
     summary: dict[str, Any] = {}
     bar = tqdm(range(run.start_step, end), initial=run.start_step, total=end, desc=run_name(cfg), disable=None)
     with logging_redirect_tqdm(), _profiler(cfg, run.out_dir) as prof:
@@ -242,9 +248,12 @@ def _loop(run: Run, metrics: MetricsLogger) -> dict[str, Any]:
                 row["val/loss"] = evaluate(run.model, run.ds, cfg.eval_steps, micro, device, run.autocast)
                 summary["final/val_loss"] = row["val/loss"]
             metrics.log(done, row)
+            recent.append(loss)
             bar.set_postfix_str(_postfix(row), refresh=False)
-            if done % cfg.log_every == 0 or done == end or "val/loss" in row:
-                log.info("step %d/%d | %s", done, cfg.steps, _postfix(row))
+            if done % cfg.log_every == 0 or done in (run.start_step + 1, end) or "val/loss" in row:
+                # Console lines show the loss averaged since the previous line: one batch is noisy.
+                log.info("step %d/%d | %s", done, cfg.steps, _postfix({**row, "train/loss": sum(recent) / len(recent)}))
+                recent.clear()
             if cfg.ckpt_every and (done % cfg.ckpt_every == 0 or done == end):
                 save_checkpoint(run.out_dir / CHECKPOINT_NAME, run.raw_model, run.optimizer, done, OmegaConf.to_container(cfg, resolve=True))
             if prof is not None:
@@ -270,6 +279,10 @@ def _step_metrics(run: Run, loss: float, lr: float, dt: float) -> dict[str, floa
     if run.device.type == "cuda":
         row["perf/peak_mem_gib"] = torch.cuda.max_memory_allocated(run.device) / 2**30
     return row
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _postfix(row: dict[str, float]) -> str:
