@@ -41,7 +41,7 @@ def run_group(cfg: DictConfig) -> str:
         if hc.runtime.choices.get("experiment") not in (None, "null"):
             return str(hc.runtime.choices["experiment"])
         if hc.mode is not None and hc.mode.name == "MULTIRUN":
-            return "sweep-" + Path(hc.sweep.dir).name
+            return "sweep-" + "-".join(Path(hc.sweep.dir).parts[-2:])  # multirun/<date>/<time>
     return "default"
 
 
