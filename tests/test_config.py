@@ -80,7 +80,10 @@ def test_experiments_show_their_command():
         (["min_lr=1"], "min_lr must be in [0, lr=0.0006] (got 1)"),
         (["dtype=fp16"], "dtype must be auto, bf16 or fp32 (got 'fp16')"),
         (["device=tpu"], "device must be auto, cpu or cuda (got 'tpu')"),
-        (["attention=sdpa", "attention.backend=fast"], "attention.backend must be one of auto, cudnn, flash, efficient, math (got 'fast')"),
+        (
+            ["attention=sdpa", "attention.backend=fast"],
+            "attention.backend must be one of auto, cudnn, flash, efficient, math (got 'fast')",
+        ),
         (["attention.name=flashy"], "attention.name='flashy' is unknown; choose one of naive, sdpa, flash"),
     ],
 )

@@ -13,7 +13,7 @@ NAMES = ["naive", "sdpa", "flash"]
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=64, vocab_size=96, seq_len=64)
 
 
-def forward_backward(model: GPT, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def forward_backward(model: GPT, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, dict]:
     model.zero_grad(set_to_none=True)
     logits, loss = model(idx, targets)
     loss.backward()

@@ -204,7 +204,8 @@ def test_cli_sweep_runs_every_job(tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     jobs = sorted(p.name for p in tmp_path.iterdir() if (p / SUMMARY_FILE).exists())
-    assert sorted(j.split("-", 1)[1] for j in jobs) == ["naive-tiny-n16", "naive-tiny-n32", "sdpa-tiny-n16", "sdpa-tiny-n32"]
+    names = sorted(j.split("-", 1)[1] for j in jobs)
+    assert names == ["naive-tiny-n16", "naive-tiny-n32", "sdpa-tiny-n16", "sdpa-tiny-n32"]
     assert sorted(j.split("-", 1)[0] for j in jobs) == ["0", "1", "2", "3"]
     for job in jobs:
         assert json.loads((tmp_path / job / SUMMARY_FILE).read_text())["status"] == "ok"

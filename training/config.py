@@ -52,7 +52,10 @@ def validate_config(cfg: DictConfig) -> None:
         cfg.batch_size % cfg.grad_accum == 0,
         f"batch_size={cfg.batch_size} must be divisible by grad_accum={cfg.grad_accum}",
     )
-    _require(cfg.stop_at is None or 0 < cfg.stop_at <= cfg.steps, f"stop_at must be in 1..steps={cfg.steps} or null (got {cfg.stop_at!r})")
+    _require(
+        cfg.stop_at is None or 0 < cfg.stop_at <= cfg.steps,
+        f"stop_at must be in 1..steps={cfg.steps} or null (got {cfg.stop_at!r})",
+    )
     _require(cfg.lr > 0, f"lr must be > 0 (got {cfg.lr})")
     _require(0 <= cfg.min_lr <= cfg.lr, f"min_lr must be in [0, lr={cfg.lr}] (got {cfg.min_lr})")
     for key in ("warmup_steps", "eval_every", "ckpt_every", "grad_clip", "weight_decay"):

@@ -2,7 +2,7 @@
 
 train(cfg): validate -> data -> build_model -> optimizer (-> resume) -> wrap_model -> loop of
 get_batch/train_step (+ evaluate, save_checkpoint) -> summary. Multi-GPU (DDP) slots in at
-three marked places: rank/world size in get_batch, the wrapper in wrap_model, rank-0-only logging.
+three marked places: the rank in get_batch, the wrapper in wrap_model, rank-0-only logging.
 """
 
 from __future__ import annotations
@@ -27,7 +27,13 @@ from data import build_dataset
 from model.attention import get_attention
 from model.flops import MFU_CONVENTION, flops_per_token, measure_matmul_flops, mfu
 from model.gpt import GPT, GPTConfig
-from training.checkpoint import CHECKPOINT_NAME, find_checkpoint, load_checkpoint, restore_checkpoint, save_checkpoint
+from training.checkpoint import (
+    CHECKPOINT_NAME,
+    find_checkpoint,
+    load_checkpoint,
+    restore_checkpoint,
+    save_checkpoint,
+)
 from training.config import ConfigError, resolve_compile, resolve_device, resolve_dtype, validate_config
 from training.metrics import MetricsLogger, attention_label, run_name
 from training.optim import build_optimizer, lr_at
@@ -44,7 +50,9 @@ def build_model(cfg: DictConfig, tokenizer_vocab: int, device: torch.device) -> 
     m = cfg.model
     vocab = m.vocab_size if m.vocab_size is not None else 64 * math.ceil(tokenizer_vocab / 64)
     if vocab < tokenizer_vocab:
-        raise ConfigError(f"model.vocab_size={vocab} is smaller than the tokenizer's {tokenizer_vocab}; raise it or set null")
+        raise ConfigError(
+            f"model.vocab_size={vocab} is smaller than the tokenizer's {tokenizer_vocab}; raise it or set null"
+        )
     gcfg = GPTConfig(m.n_layer, m.n_head, m.n_embd, vocab, cfg.seq_len, m.dropout, m.bias)
     attention_options = {k: v for k, v in cfg.attention.items() if k != "name"}
     attend = get_attention(cfg.attention.name, **attention_options)
@@ -61,7 +69,9 @@ def wrap_model(model: nn.Module, cfg: DictConfig, device: torch.device) -> nn.Mo
     return model
 
 
-def get_batch(ds: Any, split: str, batch_size: int, step: int, device: torch.device, rank: int = 0) -> tuple[Tensor, Tensor]:
+def get_batch(
+    ds: Any, split: str, batch_size: int, step: int, device: torch.device, rank: int = 0
+) -> tuple[Tensor, Tensor]:
     """Batch number `step` of `split`, on device. Stateless: the same arguments give the same batch.
 
     With DDP, each rank passes its own `rank` so ranks read different sequences.
@@ -141,8 +151,10 @@ def setup(cfg: DictConfig) -> Run:
     device = resolve_device(cfg)
     dtype = resolve_dtype(cfg, device)
     cache_dir = Path(cfg.cache_dir)
+    if not cache_dir.is_absolute():
+        cache_dir = REPO_ROOT / cache_dir  # one cache wherever train.py is launched from
     try:
-        ds = build_dataset(cfg.data, cfg.seq_len, cache_dir if cache_dir.is_absolute() else REPO_ROOT / cache_dir, cfg.seed)
+        ds = build_dataset(cfg.data, cfg.seq_len, cache_dir, cfg.seed)
     except ValueError as err:  # corpus too small, missing files...: the user's to fix
         raise ConfigError(f"data={cfg.data.name}: {err}") from err
     model = build_model(cfg, ds.vocab_size, device)
@@ -156,7 +168,8 @@ def setup(cfg: DictConfig) -> Run:
         "params": n_params, "params_total": model.num_params(non_embedding=False),
         "vocab_size": model.cfg.vocab_size, "tokenizer_vocab": ds.vocab_size,
         "tokens_per_step": cfg.batch_size * cfg.seq_len, "micro_batch": cfg.batch_size // cfg.grad_accum,
-        "flops_per_token": fpt, "mfu_convention": MFU_CONVENTION, "peak_flops": peak, "peak_flops_source": peak_source,
+        "flops_per_token": fpt, "mfu_convention": MFU_CONVENTION,
+        "peak_flops": peak, "peak_flops_source": peak_source,
         "attention": attention_label(cfg), "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "dtype": str(dtype).removeprefix("torch."), "compile": resolve_compile(cfg, device),
@@ -209,13 +222,15 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             "Try attention=flash (no N×N matrices), a smaller batch_size, or a larger grad_accum.",
             a, cfg.model.name, cfg.seq_len, cfg.batch_size, cfg.batch_size // cfg.grad_accum,
         )
-        summary.update(status="oom", error=f"CUDA out of memory (attention={a}, seq_len={cfg.seq_len}, batch_size={cfg.batch_size})")
+        error = f"CUDA out of memory (attention={a}, seq_len={cfg.seq_len}, batch_size={cfg.batch_size})"
+        summary.update(status="oom", error=error)
     except BaseException as err:  # still close the logs, marked as failed, then let it propagate
         summary.update(status="error", error=repr(err))
         raise
     finally:
         metrics.finish(summary)
-        log.info("summary: %s | run folder %s", ", ".join(f"{k}={_short(v)}" for k, v in summary.items()), run.out_dir)
+        shown = ", ".join(f"{k}={_short(v)}" for k, v in summary.items())
+        log.info("summary: %s | run folder %s", shown, run.out_dir)
     if run.device.type == "cuda":  # a -m sweep's next job (e.g. after an OOM) starts with this one's memory free
         del run
         gc.collect()
@@ -230,14 +245,17 @@ def _loop(run: Run, metrics: MetricsLogger) -> dict[str, Any]:
     times: list[float] = []
     recent: list[float] = []  # train losses since the last console line
     summary: dict[str, Any] = {}
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)  # peaks are this run's, not an earlier sweep job's
+    # disable=None: a bar on terminals only; logs and CI get the log_every lines instead.
     bar = tqdm(range(run.start_step, end), initial=run.start_step, total=end, desc=run_name(cfg), disable=None)
     with logging_redirect_tqdm(), _profiler(cfg, run.out_dir) as prof:
         for step in bar:
             t0 = time.perf_counter()
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
             # Batch index step*grad_accum + i: the data position is a function of the step alone.
-            batches = (get_batch(run.ds, "train", micro, step * cfg.grad_accum + i, device) for i in range(cfg.grad_accum))
+            batches = (
+                get_batch(run.ds, "train", micro, step * cfg.grad_accum + i, device) for i in range(cfg.grad_accum)
+            )
             lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps)
             loss = train_step(run.model, run.optimizer, batches, cfg.grad_accum, lr, cfg.grad_clip, run.autocast)
             dt = time.perf_counter() - t0
@@ -252,10 +270,12 @@ def _loop(run: Run, metrics: MetricsLogger) -> dict[str, Any]:
             bar.set_postfix_str(_postfix(row), refresh=False)
             if done % cfg.log_every == 0 or done in (run.start_step + 1, end) or "val/loss" in row:
                 # Console lines show the loss averaged since the previous line: one batch is noisy.
-                log.info("step %d/%d | %s", done, cfg.steps, _postfix({**row, "train/loss": sum(recent) / len(recent)}))
+                averaged = {**row, "train/loss": sum(recent) / len(recent)}
+                log.info("step %d/%d | %s", done, cfg.steps, _postfix(averaged))
                 recent.clear()
             if cfg.ckpt_every and (done % cfg.ckpt_every == 0 or done == end):
-                save_checkpoint(run.out_dir / CHECKPOINT_NAME, run.raw_model, run.optimizer, done, OmegaConf.to_container(cfg, resolve=True))
+                config = OmegaConf.to_container(cfg, resolve=True)
+                save_checkpoint(run.out_dir / CHECKPOINT_NAME, run.raw_model, run.optimizer, done, config)
             if prof is not None:
                 prof.step()
     summary["final/train_loss"] = loss if times else None
@@ -276,7 +296,7 @@ def _step_metrics(run: Run, loss: float, lr: float, dt: float) -> dict[str, floa
     row = {"train/loss": loss, "lr": lr, "perf/step_ms": 1e3 * dt, "perf/tokens_per_s": tokens_per_s}
     if run.peak_flops:
         row["perf/mfu"] = mfu(tokens_per_s, run.flops_per_token, run.peak_flops)
-    if run.device.type == "cuda":
+    if run.device.type == "cuda":  # the run's peak so far: weights, optimizer state, activations
         row["perf/peak_mem_gib"] = torch.cuda.max_memory_allocated(run.device) / 2**30
     return row
 
