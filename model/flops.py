@@ -14,9 +14,11 @@ from __future__ import annotations
 import time
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from kernels.flops import attention_flops
-from model.gpt import GPTConfig
+from model.attention import AttendFn
+from model.gpt import GPT, GPTConfig
 
 MFU_CONVENTION = (
     "6*params(no position table) + attention fwd 4*d*pairs + bwd 8*d*pairs (no recompute), "
@@ -58,3 +60,58 @@ def measure_matmul_flops(device: torch.device, dtype: torch.dtype, size: int = 4
         if i >= 2:  # the first calls pay for kernel selection and caches
             times.append(time.perf_counter() - t0)
     return 2.0 * size**3 / sorted(times)[len(times) // 2]
+
+
+# ops whose FLOPs belong to attention proper (QKᵀ, PV and their gradients); dense layers run as mm/addmm
+_ATTENTION_OP_PREFIXES = ("flashgpt.", "aten._scaled_dot_product", "aten.scaled_dot_product", "aten.bmm")
+
+
+def _split_counts(counter: FlopCounterMode) -> tuple[int, int]:
+    """(dense, attention) FLOPs from a FlopCounterMode's global per-op counts."""
+    dense = attention = 0
+    for op, flops in counter.get_flop_counts()["Global"].items():
+        if str(op).startswith(_ATTENTION_OP_PREFIXES):
+            attention += flops
+        else:
+            dense += flops
+    return dense, attention
+
+
+def count_step_flops(model_cfg: GPTConfig, attend: AttendFn, batch_size: int) -> dict[str, float]:
+    """FLOPs of one training micro-step, counted by FlopCounterMode and derived analytically.
+
+    The model is built on the meta device (shapes only: no memory, no compute, so this also
+    works for a naive N×N run that would not fit) and run forward, then backward, each under
+    its own counter. Keys (per micro-step of `batch_size` sequences):
+      flops/model_fwd, flops/model_bwd          dense layers (linear + lm_head), counted
+      flops/attn_fwd, flops/attn_bwd            attention proper, counted (for flash: the
+                                                registered formula, 4 and 10·d·pairs per head)
+      flops/attn_fwd_analytic, ..._bwd_analytic  kernels.flops: 4·d·pairs and, for flash, 10·d·pairs
+      flops/attn_recompute                      attention backward beyond a stored-P backward
+                                                (2·d·pairs per head for flash; 0 for naive)
+      flops/attn_recompute_share                that, as a share of the whole step's counted FLOPs
+    Naive attention materialises the full square, so its counted FLOPs use N² pairs; torch's
+    own SDPA formula ignores the causal mask likewise.
+    """
+    with torch.device("meta"):
+        model = GPT(model_cfg, attend)
+    idx = torch.zeros(batch_size, model_cfg.seq_len, dtype=torch.long, device="meta")
+    with FlopCounterMode(display=False) as fwd:
+        _, loss = model(idx, idx)
+    with FlopCounterMode(display=False) as bwd:
+        loss.backward()
+    model_fwd, attn_fwd = _split_counts(fwd)
+    model_bwd, attn_bwd = _split_counts(bwd)
+    n, h, d = model_cfg.seq_len, model_cfg.n_head, model_cfg.head_dim
+    per_layer = {p: attention_flops(batch_size, h, n, n, d, True, p) for p in ("fwd", "bwd", "bwd_stored_p")}
+    recompute = max(0, attn_bwd - 2 * attn_fwd)  # a stored-P backward costs exactly 2× its forward
+    total = model_fwd + model_bwd + attn_fwd + attn_bwd
+    return {
+        "flops/model_fwd": model_fwd, "flops/model_bwd": model_bwd,
+        "flops/attn_fwd": attn_fwd, "flops/attn_bwd": attn_bwd,
+        "flops/attn_fwd_analytic": model_cfg.n_layer * per_layer["fwd"],
+        "flops/attn_bwd_analytic": model_cfg.n_layer * per_layer["bwd"],
+        "flops/attn_bwd_stored_p_analytic": model_cfg.n_layer * per_layer["bwd_stored_p"],
+        "flops/attn_recompute": recompute,
+        "flops/attn_recompute_share": recompute / total if total else 0.0,
+    }

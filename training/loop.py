@@ -25,7 +25,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from data import build_dataset
 from model.attention import get_attention
-from model.flops import MFU_CONVENTION, flops_per_token, measure_matmul_flops, mfu
+from model.flops import MFU_CONVENTION, count_step_flops, flops_per_token, measure_matmul_flops, mfu
 from model.gpt import GPT, GPTConfig
 from training.checkpoint import (
     CHECKPOINT_NAME,
@@ -212,6 +212,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
     log.info("derived: %s", ", ".join(f"{k}={v}" for k, v in run.derived.items()))
     metrics = MetricsLogger(cfg, run.out_dir, run.derived)  # DDP: rank 0 only
+    _log_step_flops(run, metrics)
     summary: dict[str, Any] = {"status": "ok"}
     try:
         summary.update(_loop(run, metrics))
@@ -289,6 +290,20 @@ def _loop(run: Run, metrics: MetricsLogger) -> dict[str, Any]:
         if device.type == "cuda":
             summary["perf/peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     return summary
+
+
+def _log_step_flops(run: Run, metrics: MetricsLogger) -> None:
+    """FLOPs of one optimizer step split into model/attention and forward/backward, counted by
+    FlopCounterMode on a shapes-only copy of the model, so the backward's recomputation shows."""
+    flops = count_step_flops(run.model.cfg, run.model.blocks[0].attn.attend, run.cfg.batch_size)
+    metrics.log(run.start_step, flops)
+    log.info(
+        "FLOPs per step: model fwd %.3g bwd %.3g | attention fwd %.3g bwd %.3g (analytic %.3g / %.3g), "
+        "recompute %.3g = %.1f%% of the step",
+        flops["flops/model_fwd"], flops["flops/model_bwd"], flops["flops/attn_fwd"], flops["flops/attn_bwd"],
+        flops["flops/attn_fwd_analytic"], flops["flops/attn_bwd_analytic"], flops["flops/attn_recompute"],
+        100 * flops["flops/attn_recompute_share"],
+    )
 
 
 def _step_metrics(run: Run, loss: float, lr: float, dt: float) -> dict[str, float]:
