@@ -11,6 +11,7 @@ Timing hygiene, written once here so every script measures the same way:
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import platform
@@ -51,6 +52,25 @@ def parse_dtype(name: str) -> torch.dtype:
         return DTYPES[name.lower()]
     except KeyError:
         raise ValueError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}") from None
+
+
+def fill_defaults(parser: argparse.ArgumentParser, args: argparse.Namespace, defaults: dict[str, Any],
+                  quick: dict[str, Any], dtype_keys: Sequence[str] = ()) -> argparse.Namespace:
+    """Unset flags take `quick` (with --quick) or `defaults`, so explicit flags always win; dtype
+    flags named in `dtype_keys` are checked and normalised (a bad one exits with the parser's usage)."""
+    for key, value in (quick if args.quick else defaults).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    try:
+        for key in dtype_keys:
+            value = getattr(args, key)
+            if isinstance(value, list):
+                setattr(args, key, [dtype_name(parse_dtype(v)) for v in value])
+            else:
+                setattr(args, key, dtype_name(parse_dtype(value)))
+    except ValueError as err:
+        parser.error(str(err))
+    return args
 
 
 def dtype_name(dtype: torch.dtype) -> str:

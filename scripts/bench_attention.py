@@ -29,9 +29,7 @@ from kernels.flops import attention_flops  # first: `kernels` picks the Triton b
 import torch
 
 from scripts._common import (
-    PLOTS_DIR, RESULTS_DIR, AttnFn, Table, bench_ms, dtype_name, parse_dtype, peak_extra_mib, pyplot,
-    random_inputs, read_results, release_memory, resolve_device, rounded, run_guarded, run_meta,
-    step_fns, write_results,
+    AttnFn, PLOTS_DIR, RESULTS_DIR, Table, bench_ms, dtype_name, fill_defaults, parse_dtype, peak_extra_mib, pyplot, random_inputs, read_results, release_memory, resolve_device, rounded, run_guarded, run_meta, step_fns, write_results,
 )
 from scripts._impls import IMPL_NAMES, default_impls, make_impl
 
@@ -255,15 +253,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--append", action="store_true", help="merge into --out: keep its rows that this run does not re-measure")
     args = p.parse_args(argv)
-    for key, value in (QUICK if args.quick else DEFAULTS).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    for dt in args.dtypes:
-        try:
-            parse_dtype(dt)
-        except ValueError as err:
-            p.error(str(err))
-    return args
+    return fill_defaults(p, args, DEFAULTS, QUICK, dtype_keys=["dtypes"])
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:

@@ -41,8 +41,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from scripts._common import (
-    RESULTS_DIR, AttnFn, Table, bench_ms, dtype_name, parse_dtype, random_inputs, resolve_device, rounded,
-    run_guarded, run_meta, step_fns, synchronize, write_results,
+    AttnFn, RESULTS_DIR, Table, bench_ms, fill_defaults, parse_dtype, random_inputs, resolve_device, rounded, run_guarded, run_meta, step_fns, synchronize, write_results,
 )
 from scripts._impls import IMPL_NAMES, make_impl
 
@@ -442,14 +441,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--child-block-m", type=int, help=argparse.SUPPRESS)  # the child's forced forward tiles
     p.add_argument("--child-block-n", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    for key, value in (QUICK if args.quick else DEFAULTS).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    try:
-        args.dtype = dtype_name(parse_dtype(args.dtype))
-    except ValueError as err:
-        p.error(str(err))
-    return args
+    return fill_defaults(p, args, DEFAULTS, QUICK, dtype_keys=["dtype"])
 
 
 def shape_from_args(args: argparse.Namespace) -> Shape:

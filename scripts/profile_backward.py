@@ -28,8 +28,7 @@ from kernels.flops import attention_flops  # first: `kernels` picks the Triton b
 import torch
 
 from scripts._common import (
-    RESULTS_DIR, Table, parse_dtype, dtype_name, random_inputs, resolve_device, rounded, run_guarded, run_meta,
-    step_fns, synchronize, write_results,
+    RESULTS_DIR, Table, fill_defaults, parse_dtype, random_inputs, resolve_device, rounded, run_guarded, run_meta, step_fns, synchronize, write_results,
 )
 from scripts._impls import make_impl
 from scripts.bench_attention import CAUSAL_CHOICES, Point, bench_point
@@ -151,14 +150,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help=f"CPU smoke run: {QUICK}; explicit flags still win")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "backward_profile.json", help="the markdown goes beside it (.md)")
     args = p.parse_args(argv)
-    for key, value in (QUICK if args.quick else DEFAULTS).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    try:
-        args.dtype = dtype_name(parse_dtype(args.dtype))
-    except ValueError as err:
-        p.error(str(err))
-    return args
+    return fill_defaults(p, args, DEFAULTS, QUICK, dtype_keys=["dtype"])
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
