@@ -28,7 +28,7 @@ import torch
 from omegaconf import OmegaConf
 
 from scripts._common import PLOTS_DIR, RESULTS_DIR, Table, pyplot, rounded, run_meta, write_results
-from training.metrics import METRICS_FILE, SUMMARY_FILE, attention_label
+from training.metrics import METRICS_FILE, SUMMARY_FILE, attention_label, read_jsonl
 
 ROW_KEYS = ("attention", "seq_len", "model", "tokens_per_s", "step_ms", "peak_mem_gib", "mfu", "final_loss", "status", "run_dir")
 HYDRA_CONFIG = Path(".hydra") / "config.yaml"
@@ -54,10 +54,7 @@ def read_summary(run: Path) -> tuple[dict[str, Any] | None, int]:
     """(the run's summary or None, number of logged steps)."""
     steps, summary = 0, None
     if (run / METRICS_FILE).exists():
-        for line in (run / METRICS_FILE).read_text().splitlines():
-            if not line.strip():
-                continue
-            record = json.loads(line)
+        for record in read_jsonl(run / METRICS_FILE):  # skips a line torn by a killed run
             if "summary" in record:
                 summary = record["summary"]
             else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -46,27 +47,62 @@ def run_group(cfg: DictConfig) -> str:
 
 
 class MetricsLogger:
-    """Appends one JSON object per call to <out_dir>/metrics.jsonl and mirrors it to wandb."""
+    """Appends one JSON object per call to <out_dir>/metrics.jsonl and mirrors it to wandb.
+
+    Each line goes to the file in one unbuffered write, so a run killed at any moment (even by
+    SIGKILL) leaves only whole lines; a line torn anyway (disk full, power loss) is closed off by
+    the next run that appends (resume), and read_jsonl skips it.
+    """
 
     def __init__(self, cfg: DictConfig, out_dir: Path, derived: dict[str, Any]) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.out_dir = out_dir
-        self._file = open(out_dir / METRICS_FILE, "a", buffering=1)  # line-buffered: readable while running
+        self._file = open(out_dir / METRICS_FILE, "ab", buffering=0)  # unbuffered: readable while running
+        if self._file.tell() > 0 and (out_dir / METRICS_FILE).read_bytes()[-1:] != b"\n":
+            log.warning("%s ends in a torn line (a run killed mid-write?); starting on a new line", self._file.name)
+            self._write(b"\n")
         self._wandb = _start_wandb(cfg, out_dir, derived) if cfg.logger.name == "wandb" else None
 
+    def _write(self, data: bytes) -> None:
+        while data:  # one write() for a line, looping only if the OS takes part of it
+            data = data[self._file.write(data) :]
+
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        self._file.write(json.dumps({"step": step, **metrics}) + "\n")
+        self._write((json.dumps({"step": step, **metrics}) + "\n").encode())
         if self._wandb is not None:
             self._wandb.log(metrics, step=step)
 
     def finish(self, summary: dict[str, Any]) -> None:
         """Record the run's outcome (status ok/oom, medians, final losses) and close everything."""
-        self._file.write(json.dumps({"summary": summary}) + "\n")
+        self._write((json.dumps({"summary": summary}) + "\n").encode())
         self._file.close()
-        (self.out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+        tmp = self.out_dir / (SUMMARY_FILE + ".tmp")
+        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+        os.replace(tmp, self.out_dir / SUMMARY_FILE)  # atomic: readers never see half a summary
         if self._wandb is not None:
             self._wandb.summary.update(summary)
             self._wandb.finish(exit_code=0 if summary.get("status") == "ok" else 1)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl, skipping (with a warning) lines that are not whole JSON
+    objects: the torn last line of a run killed mid-write, closed off when the run resumed."""
+    records, torn = [], []
+    for number, line in enumerate(Path(path).read_bytes().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError
+            torn.append(number)
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            torn.append(number)
+    if torn:
+        log.warning("%s: skipped %d unreadable line(s) (torn by an interrupted write?): line %s", path, len(torn), torn)
+    return records
 
 
 def _start_wandb(cfg: DictConfig, out_dir: Path, derived: dict[str, Any]) -> Any:
