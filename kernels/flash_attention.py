@@ -133,11 +133,12 @@ def _fwd_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    # grid (query blocks, heads, batch): the blocks of one head run together, so its K/V stay in L2
     start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b = (bh // heads_q).to(tl.int64)
-    h = (bh % heads_q).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
     kvh = h // group  # GQA: query head h reads kv head h // (heads_q / heads_kv)
+    row0 = (b * heads_q + h) * seqlen_q  # this head's rows in LSE
     ELEM: tl.constexpr = Q.dtype.element_ty
     offset = seqlen_k - seqlen_q  # bottom-right causal alignment
 
@@ -172,7 +173,7 @@ def _fwd_kernel(
     l_safe = tl.where(empty, 1.0, l_i)
     acc = acc / l_safe[:, None]
     lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
-    tl.store(LSE + bh.to(tl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
+    tl.store(LSE + row0 + offs_m, lse, mask=offs_m < seqlen_q)
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
     tl.store(o_ptrs, _mma_operand(acc, ELEM, UPCAST).to(ELEM), mask=q_ok)
 
@@ -187,15 +188,14 @@ def _bwd_preprocess_kernel(
 ):
     """delta_i = Σ_d dO_id · O_id, the row term of dS = P ∘ (dP − delta)."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    bh = tl.program_id(1)
-    b = (bh // heads_q).to(tl.int64)
-    h = (bh % heads_q).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     ok = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
     o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od, mask=ok, other=0.0)
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod, mask=ok, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(DELTA + bh.to(tl.int64) * seqlen_q + offs_m, delta, mask=offs_m < seqlen_q)
+    tl.store(DELTA + (b * heads_q + h) * seqlen_q + offs_m, delta, mask=offs_m < seqlen_q)
 
 
 @triton.jit
@@ -237,14 +237,13 @@ def _bwd_dkdv_kernel(
     stride_dob, stride_doh, stride_don, stride_dod,
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-    heads_q, heads_kv, group, seqlen_q, seqlen_k, qk_scale, softmax_scale,
+    heads_q, group, seqlen_q, seqlen_k, qk_scale, softmax_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    start_n = tl.program_id(0) * BLOCK_N
-    bkv = tl.program_id(1)
-    b = (bkv // heads_kv).to(tl.int64)
-    kvh = (bkv % heads_kv).to(tl.int64)
+    start_n = tl.program_id(0) * BLOCK_N  # grid (key blocks, kv heads, batch)
+    kvh = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
     ELEM: tl.constexpr = Q.dtype.element_ty
     offset = seqlen_k - seqlen_q
 
@@ -328,11 +327,11 @@ def _bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b = (bh // heads_q).to(tl.int64)
-    h = (bh % heads_q).to(tl.int64)
+    start_m = tl.program_id(0) * BLOCK_M  # grid (query blocks, heads, batch)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
     kvh = h // group
+    row0 = (b * heads_q + h) * seqlen_q
     ELEM: tl.constexpr = Q.dtype.element_ty
     offset = seqlen_k - seqlen_q
 
@@ -345,8 +344,8 @@ def _bwd_dq_kernel(
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod, mask=q_ok, other=0.0)
     q = _mma_operand(q, ELEM, UPCAST)
     do = _mma_operand(do, ELEM, UPCAST)
-    lse2 = tl.load(LSE + bh.to(tl.int64) * seqlen_q + offs_m, mask=row_ok, other=float("inf")) * 1.4426950408889634
-    delta = tl.load(DELTA + bh.to(tl.int64) * seqlen_q + offs_m, mask=row_ok, other=0.0)
+    lse2 = tl.load(LSE + row0 + offs_m, mask=row_ok, other=float("inf")) * 1.4426950408889634
+    delta = tl.load(DELTA + row0 + offs_m, mask=row_ok, other=0.0)
     k_base = K + b * stride_kb + kvh * stride_kh
     v_base = V + b * stride_vb + kvh * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -417,7 +416,9 @@ def kernel_config(kernel: str, block_d: int, dtype: torch.dtype, causal: bool) -
     One table for every caller (tests, training, benchmarks); the interpreter gets 64×64
     blocks because its cost grows with the number of programs × key blocks, not with tile size.
     The GPU entries are the fastest of scripts/tune_flash.py's sweeps on an H200 (bf16, N=8192,
-    16 heads, d=64 and 128; docs/perf-notes.md); float32 and d=256 get smaller tiles to fit.
+    16 heads, d=64 and 128, non-causal; docs/perf-notes.md); float32 and d=256 get smaller tiles
+    to fit. `causal` is part of the key so causal-specific entries can be added; today both
+    settings share one table.
     """
     if interpreting():
         default = KernelConfig(64, 64)
@@ -442,7 +443,7 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "tf32"
 
 
-def _launch_args(q: torch.Tensor, k: torch.Tensor) -> dict:
+def _launch_args(q: torch.Tensor) -> dict:
     block_d = max(16, triton.next_power_of_2(q.shape[-1]))  # tl.dot needs K >= 16
     return dict(
         HEAD_DIM=q.shape[-1],
@@ -457,9 +458,9 @@ def _flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     o = torch.empty_like(q)  # keeps q's memory layout, so a (B, N, H, D) view stays cheap to reshape
     lse = torch.empty((batch, heads_q, seqlen_q), device=q.device, dtype=torch.float32)
-    consts = _launch_args(q, k)
+    consts = _launch_args(q)
     cfg = kernel_config("fwd", consts["BLOCK_D"], q.dtype, causal)
-    grid = (triton.cdiv(seqlen_q, cfg.BLOCK_M), batch * heads_q)
+    grid = (triton.cdiv(seqlen_q, cfg.BLOCK_M), heads_q, batch)
     _fwd_kernel[grid](
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E,
@@ -473,7 +474,7 @@ def _bwd_preprocess(o: torch.Tensor, do: torch.Tensor, lse: torch.Tensor) -> tor
     batch, heads_q, seqlen_q, head_dim = o.shape
     delta = torch.empty_like(lse)
     block_m = 64
-    _bwd_preprocess_kernel[(triton.cdiv(seqlen_q, block_m), batch * heads_q)](
+    _bwd_preprocess_kernel[(triton.cdiv(seqlen_q, block_m), heads_q, batch)](
         o, do, delta, *o.stride(), *do.stride(), heads_q, seqlen_q,
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=block_m,
     )
@@ -483,13 +484,13 @@ def _bwd_preprocess(o: torch.Tensor, do: torch.Tensor, lse: torch.Tensor) -> tor
 def _bwd_dkdv(do, q, k, v, lse, delta, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     batch, heads_q, seqlen_q, _ = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
-    consts = _launch_args(q, k)
+    consts = _launch_args(q)
     cfg = kernel_config("bwd_dkdv", consts["BLOCK_D"], q.dtype, causal)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    _bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg.BLOCK_N), batch * heads_kv)](
+    _bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg.BLOCK_N), heads_kv, batch)](
         q, k, v, do, lse, delta, dk, dv,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-        heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E, scale,
+        heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E, scale,
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, CAUSAL=causal,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,
     )
@@ -499,10 +500,10 @@ def _bwd_dkdv(do, q, k, v, lse, delta, causal: bool, scale: float) -> tuple[torc
 def _bwd_dq(do, q, k, v, lse, delta, causal: bool, scale: float) -> torch.Tensor:
     batch, heads_q, seqlen_q, _ = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
-    consts = _launch_args(q, k)
+    consts = _launch_args(q)
     cfg = kernel_config("bwd_dq", consts["BLOCK_D"], q.dtype, causal)
     dq = torch.empty_like(q)
-    _bwd_dq_kernel[(triton.cdiv(seqlen_q, cfg.BLOCK_M), batch * heads_q)](
+    _bwd_dq_kernel[(triton.cdiv(seqlen_q, cfg.BLOCK_M), heads_q, batch)](
         q, k, v, do, lse, delta, dq,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
         heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E, scale,
