@@ -6,12 +6,27 @@ code, and that checkpoints and metrics on disk are still whole and usable.
 
 import json
 import logging
+import struct
+import zipfile
 from pathlib import Path
 
-from omegaconf import OmegaConf
+import pytest
+import torch
 
+from model import GPT, GPTConfig
 from scripts.compare_runs import read_summary
+from training.checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint, save_checkpoint
+from training.config import ConfigError
+from training.loop import train
 from training.metrics import METRICS_FILE, SUMMARY_FILE, MetricsLogger, read_jsonl
+from training.optim import build_optimizer
+
+CPU = torch.device("cpu")
+
+
+def tiny_model_and_optimizer(n_layer: int = 1) -> tuple[GPT, torch.optim.Optimizer]:
+    model = GPT(GPTConfig(n_layer, 2, 16, 32, 8))
+    return model, build_optimizer(model, 1e-3, 0.1, (0.9, 0.95), CPU)
 
 
 # --- metrics.jsonl ------------------------------------------------------------------------------
@@ -39,3 +54,101 @@ def test_metrics_lines_are_on_disk_at_once_and_a_torn_line_is_skipped(tmp_path, 
     assert read_summary(out) == ({"status": "ok"}, 3)
     (out / METRICS_FILE).write_text(json.dumps(whole[0]) + "\n" + '{"summary": {"sta')  # killed while finishing
     assert read_summary(out) == ({"status": "ok"}, 1)  # falls back to summary.json
+
+
+# --- checkpoints --------------------------------------------------------------------------------
+
+
+class RunsCodeWhenUnpickled:
+    """What a malicious "checkpoint" holds: unpickling it would create a file (it could do worse)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def _flip_a_weight_byte(path: Path) -> None:
+    """Change one byte inside the largest tensor's data, leaving the zip structure valid."""
+    with zipfile.ZipFile(path) as archive:
+        info = max(archive.infolist(), key=lambda i: i.file_size)
+    raw = bytearray(path.read_bytes())
+    name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26 : info.header_offset + 30])
+    raw[info.header_offset + 30 + name_len + extra_len + info.file_size // 2] ^= 0x40
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("truncated", "is damaged or is not a file written by train.py"),
+        ("empty", "is damaged or is not a file written by train.py"),
+        ("text", "is damaged or is not a file written by train.py"),
+        ("flipped_bit", "fails its CRC32 check"),
+        ("bare_state_dict", "is not a checkpoint written by train.py: it has no model, optimizer, step, rng, config"),
+        ("pickled_code", "holds pickled objects other than tensors"),
+    ],
+)
+def test_a_damaged_foreign_or_unsafe_checkpoint_is_refused_naming_the_file(tmp_path, damage, message):
+    model, opt = tiny_model_and_optimizer()
+    path = tmp_path / "run" / CHECKPOINT_NAME
+    save_checkpoint(path, model, opt, step=3, config={"seq_len": 8})
+    assert load_checkpoint(path)["step"] == 3
+    marker = tmp_path / "unpickling-ran-code"
+    if damage == "truncated":  # e.g. a copy that did not finish
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif damage == "empty":
+        path.write_bytes(b"")
+    elif damage == "text":
+        path.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:0123\n")  # an LFS pointer
+    elif damage == "flipped_bit":
+        _flip_a_weight_byte(path)
+        torch.load(path, weights_only=True)  # torch alone loads it without complaint
+    elif damage == "bare_state_dict":
+        torch.save(model.state_dict(), path)
+    else:
+        torch.save({"model": RunsCodeWhenUnpickled(marker)}, path)
+    with pytest.raises(CheckpointError, match=message) as err:
+        load_checkpoint(path)
+    assert str(path) in str(err.value)
+    assert not marker.exists()  # weights_only=True: nothing was executed
+
+
+def test_resume_reports_a_damaged_checkpoint_as_a_config_error(tiny_cfg, pattern_data, tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / CHECKPOINT_NAME).write_bytes(b"\x00" * 100)
+    with pytest.raises(ConfigError, match=r"resume: checkpoint .*checkpoint\.pt is damaged"):
+        train(tiny_cfg("attention=sdpa", "resume=true"))
+
+
+def test_resume_lists_every_differing_field_and_allows_another_attention(tiny_cfg, pattern_data, tmp_path):
+    train(tiny_cfg("attention=sdpa", "steps=2", "ckpt_every=2"))
+    with pytest.raises(ConfigError) as err:
+        train(tiny_cfg("attention=sdpa", "steps=2", "resume=true", "seq_len=16", "model.n_layer=2", "batch_size=2"))
+    message = str(err.value)
+    for field in ("batch_size differs from the checkpoint's (2 vs saved 4)",
+                  "model.n_layer differs from the checkpoint's (2 vs saved 1)",
+                  "seq_len differs from the checkpoint's (16 vs saved 32)"):
+        assert field in message, message
+    assert str(tmp_path / "run" / CHECKPOINT_NAME) in message
+    # The weights mean the same under every attention, and num_proc only changes how tokens are made.
+    summary = train(tiny_cfg("attention=naive", "steps=3", "ckpt_every=3", "resume=true", "data.num_proc=2"))
+    assert summary["status"] == "ok" and load_checkpoint(tmp_path / "run" / CHECKPOINT_NAME)["step"] == 3
+    # Same config, but weights of another shape (say, copied from elsewhere): refused, not half-loaded.
+    state = load_checkpoint(tmp_path / "run" / CHECKPOINT_NAME)
+    state["model"] = tiny_model_and_optimizer()[0].state_dict()
+    torch.save(state, tmp_path / "run" / CHECKPOINT_NAME)
+    with pytest.raises(ConfigError, match="does not fit this model and optimizer: .*size mismatch"):
+        train(tiny_cfg("attention=sdpa", "steps=4", "resume=true"))
+
+
+def test_weights_with_nan_never_overwrite_a_checkpoint(tmp_path):
+    model, opt = tiny_model_and_optimizer()
+    path = tmp_path / CHECKPOINT_NAME
+    save_checkpoint(path, model, opt, step=5, config={})
+    with torch.no_grad():
+        model.lm_head.weight[0, 0] = float("nan")
+    with pytest.raises(CheckpointError, match=r"not writing .*NaN/Inf in the weights \['.*weight'\]"):
+        save_checkpoint(path, model, opt, step=6, config={})
+    assert load_checkpoint(path)["step"] == 5 and [p.name for p in tmp_path.iterdir()] == [CHECKPOINT_NAME]

@@ -4,6 +4,8 @@ and the data position, since batches are a pure function of the step) and the RN
 from __future__ import annotations
 
 import os
+import pickle
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,12 @@ import torch
 from torch import nn
 
 CHECKPOINT_NAME = "checkpoint.pt"
+CHECKPOINT_KEYS = ("model", "optimizer", "step", "rng", "config")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: damaged, foreign, unsafe or not fitting the model. The
+    message names the file."""
 
 
 def _rng_state() -> dict[str, Any]:
@@ -34,8 +42,12 @@ def save_checkpoint(
     `model` must be the unwrapped module (not torch.compile'd or DDP-wrapped), so the keys
     carry no `_orig_mod.`/`module.` prefixes. `step` is the number of optimizer steps done.
     """
+    weights = model.state_dict()
+    poisoned = [name for name, t in weights.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if poisoned:  # the loop never steps on NaN/Inf gradients, so this is a bug: keep the last good file
+        raise CheckpointError(f"not writing {path}: NaN/Inf in the weights {poisoned[:3]}; the previous checkpoint is kept")
     state = {
-        "model": model.state_dict(),
+        "model": weights,
         "optimizer": optimizer.state_dict(),
         "step": step,
         "rng": _rng_state(),
@@ -64,13 +76,47 @@ def find_checkpoint(resume: bool | str, out_dir: Path) -> Path:
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    """The saved state (model, optimizer, step, rng, config), on CPU. Nothing is restored yet."""
-    return torch.load(path, map_location="cpu", weights_only=True)  # weights_only: no pickled code runs
+    """The saved state (model, optimizer, step, rng, config), on CPU. Nothing is restored yet.
+
+    Raises CheckpointError naming the file when it is damaged (truncated, bits changed), holds
+    pickled objects other than tensors and plain containers, or was not written by save_checkpoint.
+    """
+    damaged = f"checkpoint {path} is damaged or is not a file written by train.py"
+    remedy = "resume from another copy, or start a new run without resume"
+    try:
+        # torch.load checks no CRC: a flipped bit in a tensor would load as a silently wrong weight.
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, EOFError, OSError) as err:  # truncated, empty, text, ...
+        raise CheckpointError(f"{damaged} ({err}); {remedy}") from err
+    if bad is not None:
+        raise CheckpointError(f"{damaged}: {bad} fails its CRC32 check (changed on disk or in a copy); {remedy}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)  # weights_only: no pickled code runs
+    except pickle.UnpicklingError as err:  # what weights_only refuses: arbitrary objects, maybe code
+        what = next((line for line in str(err).splitlines() if "global" in line.lower()), "refused by weights_only")
+        raise CheckpointError(
+            f"checkpoint {path} holds pickled objects other than tensors and containers ({what[:200]}); it was not "
+            f"written by train.py and is not loaded, since unpickling it could run code; {remedy}"
+        ) from err
+    except (RuntimeError, EOFError, KeyError, ValueError) as err:
+        raise CheckpointError(f"{damaged} ({type(err).__name__}: {str(err)[:200]}); {remedy}") from err
+    missing = [key for key in CHECKPOINT_KEYS if not isinstance(state, dict) or key not in state]
+    if missing:
+        raise CheckpointError(
+            f"{path} is not a checkpoint written by train.py: it has no {', '.join(missing)} "
+            f"(a bare state_dict or another program's file?); {remedy}"
+        )
+    return state
 
 
 def restore_checkpoint(state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Put model, optimizer and RNG back as saved; return the number of steps done."""
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])  # moves the moments to the params' device
+    try:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])  # moves the moments to the params' device
+    except (RuntimeError, ValueError, KeyError) as err:  # shapes or parameter groups differ
+        detail = " ".join(str(err).split())[:300]  # torch lists every tensor on its own line; one line will do
+        raise CheckpointError(f"the checkpoint does not fit this model and optimizer: {detail}") from err
     _set_rng_state(state["rng"])
     return state["step"]

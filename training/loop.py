@@ -29,6 +29,7 @@ from model.flops import MFU_CONVENTION, count_step_flops, flops_per_token, measu
 from model.gpt import GPT, GPTConfig
 from training.checkpoint import (
     CHECKPOINT_NAME,
+    CheckpointError,
     find_checkpoint,
     load_checkpoint,
     restore_checkpoint,
@@ -41,8 +42,12 @@ from training.optim import build_optimizer, lr_at
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# Resuming with any of these changed would not continue the same run.
+# Resuming with any of these changed would not continue the same run: the model's shape (seq_len
+# sizes the position table) or the data each step reads. Everything else may change on resume:
+# attention too, since naive, sdpa and flash compute the same function of the same weights (e.g.
+# continue a naive run that ran out of memory with flash), and steps, lr, dtype, compile, device.
 RESUME_MUST_MATCH = ("model", "seq_len", "batch_size", "grad_accum", "seed", "data")
+RESUME_MAY_DIFFER = ("data.num_proc", "data.connect_timeout_s")  # how tokens are made, not which
 
 
 def build_model(cfg: DictConfig, tokenizer_vocab: int, device: torch.device) -> GPT:
@@ -182,19 +187,41 @@ def setup(cfg: DictConfig) -> Run:
 def _resume(cfg: DictConfig, out_dir: Path, model: GPT, optimizer: torch.optim.Optimizer) -> int:
     try:
         path = find_checkpoint(cfg.resume, out_dir)
-    except FileNotFoundError as err:
-        raise ConfigError(str(err)) from err
-    state = load_checkpoint(path)
+        state = load_checkpoint(path)
+    except (FileNotFoundError, CheckpointError) as err:
+        raise ConfigError(str(err) if isinstance(err, FileNotFoundError) else f"resume: {err}") from err
     saved, current = state["config"], OmegaConf.to_container(cfg, resolve=True)
-    for key in RESUME_MUST_MATCH:
-        if saved.get(key) != current.get(key):
-            raise ConfigError(
-                f"resume: {key} differs from the checkpoint's ({current.get(key)!r} vs saved {saved.get(key)!r}); "
-                "keep it the same to continue the run"
-            )
-    step = restore_checkpoint(state, model, optimizer)
+    differ = [
+        f"{key} differs from the checkpoint's ({now!r} vs saved {then!r})"
+        for key, now, then in _differences(current, saved, RESUME_MUST_MATCH)
+        if key not in RESUME_MAY_DIFFER
+    ]
+    if differ:
+        raise ConfigError(
+            f"resume: {'; '.join(differ)}. Keep these as saved in {path} to continue that run, or start a new run"
+        )
+    if saved.get("attention") != current.get("attention"):
+        before, now = saved.get("attention"), current.get("attention")
+        log.info("resume: attention %s -> %s (the same weights serve every attention)", before, now)
+    try:
+        step = restore_checkpoint(state, model, optimizer)
+    except CheckpointError as err:
+        raise ConfigError(f"resume: {path}: {err}") from err
     log.info("resumed from %s after step %d", path, step)
     return step
+
+
+def _differences(a: Any, b: Any, keys: tuple[str, ...], prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted key, a's value, b's value) for every leaf under `keys` where two config dicts differ."""
+    found = []
+    for key in keys:
+        x = a.get(key) if isinstance(a, dict) else None
+        y = b.get(key) if isinstance(b, dict) else None
+        if isinstance(x, dict) and isinstance(y, dict):
+            found += _differences(x, y, tuple(sorted(x.keys() | y.keys())), f"{prefix}{key}.")
+        elif x != y:
+            found.append((f"{prefix}{key}", x, y))
+    return found
 
 
 def _peak_flops(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> tuple[float | None, str]:
