@@ -152,3 +152,87 @@ def test_weights_with_nan_never_overwrite_a_checkpoint(tmp_path):
     with pytest.raises(CheckpointError, match=r"not writing .*NaN/Inf in the weights \['.*weight'\]"):
         save_checkpoint(path, model, opt, step=6, config={})
     assert load_checkpoint(path)["step"] == 5 and [p.name for p in tmp_path.iterdir()] == [CHECKPOINT_NAME]
+
+
+# --- NaN / Inf ----------------------------------------------------------------------------------
+
+
+class _NaNGradient(torch.autograd.Function):
+    """Identity forward, NaN backward: a finite loss whose gradients are poisoned."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * float("nan")
+
+
+@pytest.fixture
+def poison(monkeypatch):
+    """poison(kind, steps): the training forward passes of those (1-based) steps give a NaN loss
+    ("loss") or a finite loss with NaN gradients ("grad"). One micro-batch per step."""
+
+    def arm(kind: str, steps: set[int]) -> list[int]:
+        forward, calls = GPT.forward, []
+
+        def poisoned(self, idx, targets=None):
+            logits, loss = forward(self, idx, targets)
+            if torch.is_grad_enabled() and idx.device.type != "meta":  # training: not evaluation, not FLOP counting
+                calls.append(len(calls) + 1)
+                if calls[-1] in steps:
+                    loss = loss * float("nan") if kind == "loss" else _NaNGradient.apply(loss)
+            return logits, loss
+
+        monkeypatch.setattr(GPT, "forward", poisoned)
+        return calls
+
+    return arm
+
+
+@pytest.mark.parametrize("kind", ["loss", "grad"])
+def test_nonfinite_step_stops_the_run_and_keeps_the_last_checkpoint(tiny_cfg, pattern_data, poison, caplog, kind):
+    cfg = tiny_cfg("attention=sdpa", "ckpt_every=2")  # 6 steps
+    poison(kind, {5})
+    with caplog.at_level(logging.ERROR):
+        summary = train(cfg)
+    out = Path(cfg.out_dir)
+    assert summary["status"] == "nonfinite" and summary["error"].startswith("step 5: loss ")
+    assert "step 5: loss " in caplog.text and "Stopped before the optimizer step" in caplog.text
+    assert f"the last checkpoint, {out / CHECKPOINT_NAME}, is kept" in caplog.text
+    assert "skip_nonfinite_steps=true" in caplog.text
+    state = load_checkpoint(out / CHECKPOINT_NAME)
+    assert state["step"] == 4 and all(torch.isfinite(t).all() for t in state["model"].values())
+    records = read_jsonl(out / METRICS_FILE)
+    assert [r["step"] for r in records if "train/loss" in r] == [1, 2, 3, 4]
+    assert records[-1]["summary"]["status"] == "nonfinite"
+
+
+def test_skip_nonfinite_steps_skips_the_batch_and_counts_it(tiny_cfg, pattern_data, poison, caplog):
+    cfg = tiny_cfg("attention=sdpa", "ckpt_every=6", "skip_nonfinite_steps=true")
+    poison("grad", {2, 4})
+    with caplog.at_level(logging.WARNING):
+        summary = train(cfg)
+    assert summary["status"] == "ok" and summary["skipped_steps"] == 2 and summary["steps_done"] == 6
+    assert "step 4: loss " in caplog.text and "batch skipped, weights unchanged" in caplog.text
+    rows = [r for r in read_jsonl(Path(cfg.out_dir) / METRICS_FILE) if "train/loss" in r]
+    assert [r.get("train/skipped_steps", 0) for r in rows] == [0, 1, 1, 2, 2, 2]
+    state = load_checkpoint(Path(cfg.out_dir) / CHECKPOINT_NAME)
+    assert state["step"] == 6 and all(torch.isfinite(t).all() for t in state["model"].values())
+
+
+def test_train_step_leaves_weights_and_optimizer_untouched_on_nan(poison):
+    from conftest import PatternDataset
+    from training.loop import NonFiniteStep, train_step
+
+    torch.manual_seed(0)
+    model, opt = GPT(GPTConfig(1, 2, 32, 48, 16)), None
+    opt = build_optimizer(model, 1e-2, 0.1, (0.9, 0.95), CPU)
+    x, y = PatternDataset(seq_len=16).sample_batch("train", 2, step=0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    poison("loss", {1})
+    with pytest.raises(NonFiniteStep, match="loss nan, gradient norm nan"):
+        train_step(model, opt, iter([(x, y)]), 1, lr=1e-2, grad_clip=0.0, autocast=lambda: torch.autocast("cpu", enabled=False))
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert opt.state_dict()["state"] == {} and all(p.grad is None for p in model.parameters())

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -108,11 +109,36 @@ def train_step(
         # (DDP: skip the gradient all-reduce on all but the last micro-batch with model.no_sync().)
         (loss / grad_accum).backward()
         total += loss.detach()
-    if grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    norm = _grad_norm(model, grad_clip)
+    # Decide before optimizer.step(), which would spread a NaN into every weight and moment; this
+    # costs one GPU sync. The norm is of the gradients every rank shares (DDP averages them, FSDP
+    # reduces over shards), so under torchrun all ranks decide alike, and a NaN loss on any rank
+    # makes them non-finite too.
+    if not torch.isfinite(norm):
+        optimizer.zero_grad(set_to_none=True)
+        raise NonFiniteStep(total.item() / grad_accum, norm.item())
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return total.item() / grad_accum  # .item() waits for the GPU, so step timings are real
+
+
+class NonFiniteStep(ArithmeticError):
+    """NaN or Inf in a step's loss or gradients. Raised before optimizer.step(), with the gradients
+    cleared: weights and optimizer state are still those of the step before."""
+
+    def __init__(self, loss: float, grad_norm: float) -> None:
+        super().__init__(f"loss {loss:.4g}, gradient norm {grad_norm:.4g}")
+        self.loss, self.grad_norm = loss, grad_norm
+        self.step: int | None = None  # the loop fills in which step (1-based)
+
+
+def _grad_norm(model: nn.Module, grad_clip: float) -> Tensor:
+    """The global gradient norm, clipping to `grad_clip` when it is > 0."""
+    if grad_clip > 0:
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm  # FSDP: reduced over the shards
 
 
 @torch.no_grad()
@@ -243,6 +269,15 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     summary: dict[str, Any] = {"status": "ok"}
     try:
         summary.update(_loop(run, metrics))
+    except NonFiniteStep as bad:
+        checkpoint = run.out_dir / CHECKPOINT_NAME
+        kept = f"the last checkpoint, {checkpoint}, is kept as it was" if checkpoint.exists() else "no checkpoint yet"
+        log.error(
+            "step %d: %s. Stopped before the optimizer step, so no weight was changed by it; %s. Lower lr, raise "
+            "warmup_steps, set grad_clip or dtype=fp32, or set skip_nonfinite_steps=true to skip such batches.",
+            bad.step, bad, kept,
+        )
+        summary.update(status="nonfinite", error=f"step {bad.step}: {bad}")
     except torch.OutOfMemoryError:
         a = cfg.attention.name
         log.error(
@@ -272,6 +307,7 @@ def _loop(run: Run, metrics: MetricsLogger) -> dict[str, Any]:
     micro = cfg.batch_size // cfg.grad_accum
     times: list[float] = []
     recent: list[float] = []  # train losses since the last console line
+    skipped = 0  # steps whose NaN/Inf batch was skipped (skip_nonfinite_steps)
     summary: dict[str, Any] = {}
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)  # peaks are this run's, not an earlier sweep job's
@@ -285,11 +321,22 @@ def _loop(run: Run, metrics: MetricsLogger) -> dict[str, Any]:
                 get_batch(run.ds, "train", micro, step * cfg.grad_accum + i, device) for i in range(cfg.grad_accum)
             )
             lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps)
-            loss = train_step(run.model, run.optimizer, batches, cfg.grad_accum, lr, cfg.grad_clip, run.autocast)
+            try:
+                loss = train_step(run.model, run.optimizer, batches, cfg.grad_accum, lr, cfg.grad_clip, run.autocast)
+            except NonFiniteStep as bad:
+                bad.step = step + 1
+                if not cfg.skip_nonfinite_steps:
+                    raise  # train() reports it; no checkpoint is written from here on
+                skipped += 1
+                log.warning("step %d: %s: batch skipped, weights unchanged (skip_nonfinite_steps=true; %d skipped "
+                            "so far)", bad.step, bad, skipped)
+                loss = bad.loss
             dt = time.perf_counter() - t0
             times.append(dt)
             row = _step_metrics(run, loss, lr, dt)
             done = step + 1
+            if skipped:
+                row["train/skipped_steps"] = skipped
             if (cfg.eval_every and done % cfg.eval_every == 0) or done == end:
                 row["val/loss"] = evaluate(run.model, run.ds, cfg.eval_steps, micro, device, run.autocast)
                 summary["final/val_loss"] = row["val/loss"]
@@ -298,7 +345,8 @@ def _loop(run: Run, metrics: MetricsLogger) -> dict[str, Any]:
             bar.set_postfix_str(_postfix(row), refresh=False)
             if done % cfg.log_every == 0 or done in (run.start_step + 1, end) or "val/loss" in row:
                 # Console lines show the loss averaged since the previous line: one batch is noisy.
-                averaged = {**row, "train/loss": sum(recent) / len(recent)}
+                finite = [x for x in recent if math.isfinite(x)] or recent  # a skipped step's NaN hides nothing
+                averaged = {**row, "train/loss": sum(finite) / len(finite)}
                 log.info("step %d/%d | %s", done, cfg.steps, _postfix(averaged))
                 recent.clear()
             if cfg.ckpt_every and (done % cfg.ckpt_every == 0 or done == end):
@@ -308,6 +356,8 @@ def _loop(run: Run, metrics: MetricsLogger) -> dict[str, Any]:
                 prof.step()
     summary["final/train_loss"] = loss if times else None
     summary["steps_done"] = end
+    if skipped:
+        summary["skipped_steps"] = skipped
     if times:
         steady = statistics.median(times[1:] or times)  # step 1 pays for compilation and warm-up
         summary["perf/step_ms"] = 1e3 * steady
