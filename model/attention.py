@@ -37,6 +37,23 @@ def naive_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
     return scores.softmax(dim=-1) @ v  # (B, H, Nq, D)
 
 
+def naive_attention_bytes(
+    batch: int, heads: int, seq_len: int, n_layer: int, dtype: torch.dtype, device_type: str = "cuda"
+) -> tuple[int, int]:
+    """(bytes of one (B, H, N, N) matrix in `dtype`, bytes of them autograd keeps over `n_layer` layers).
+
+    What naive_attention leaves for the backward, per layer: the probabilities P, saved by softmax
+    and by P·V. In float32 that is one tensor (4 bytes per element). Under CUDA autocast, softmax
+    runs and saves P in float32 and P·V saves P cast to bf16/fp16: 4 + 2 bytes per element. (CPU
+    autocast keeps softmax in bf16: 2 bytes.) The scores QKᵀ are freed once softmax has run, so
+    the peak adds about one layer's scores to what is kept.
+    """
+    element = torch.finfo(dtype).bits // 8
+    matrix = batch * heads * seq_len * seq_len
+    kept = 4 + element if element < 4 and device_type == "cuda" else element
+    return matrix * element, n_layer * matrix * kept
+
+
 SDPA_BACKENDS = {
     "cudnn": SDPBackend.CUDNN_ATTENTION,
     "flash": SDPBackend.FLASH_ATTENTION,

@@ -7,17 +7,22 @@ code, and that checkpoints and metrics on disk are still whole and usable.
 import json
 import logging
 import struct
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from conftest import REPO, SHRINK, compose_config
 from model import GPT, GPTConfig
+from model.attention import naive_attention, naive_attention_bytes
 from scripts.compare_runs import read_summary
 from training.checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint, save_checkpoint
 from training.config import ConfigError
-from training.loop import train
+from training.loop import oom_message, train
 from training.metrics import METRICS_FILE, SUMMARY_FILE, MetricsLogger, read_jsonl
 from training.optim import build_optimizer
 
@@ -236,3 +241,93 @@ def test_train_step_leaves_weights_and_optimizer_untouched_on_nan(poison):
         train_step(model, opt, iter([(x, y)]), 1, lr=1e-2, grad_clip=0.0, autocast=lambda: torch.autocast("cpu", enabled=False))
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     assert opt.state_dict()["state"] == {} and all(p.grad is None for p in model.parameters())
+
+
+# --- out of memory ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_naive_attention_bytes_match_what_autograd_keeps(dtype):
+    b, h, n = 2, 3, 40
+    q, k, v = (torch.randn(b, h, n, 8, requires_grad=True) for _ in range(3))
+    kept = {}
+
+    def pack(t):
+        if t.dim() == 4 and t.shape[-2:] == (n, n):  # the N×N tensors saved for the backward
+            kept[t.data_ptr()] = t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            naive_attention(q, k, v, causal=True)
+    one, all_layers = naive_attention_bytes(b, h, n, 5, dtype, "cpu")
+    assert one == b * h * n * n * torch.finfo(dtype).bits // 8
+    assert all_layers == 5 * sum(kept.values())
+    # CUDA autocast saves fp32 P for softmax's backward and bf16 P for P·V's: GPT-2 medium at 8K.
+    assert naive_attention_bytes(2, 16, 8192, 24, torch.bfloat16, "cuda") == (4 * 2**30, 24 * 12 * 2**30)
+
+
+def test_oom_message_estimates_the_naive_matrices_and_advises(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=150 * 10**9))
+    cfg = compose_config("attention=naive", "model=gpt2-medium", "seq_len=8192", "batch_size=2")
+    message = oom_message(cfg, 2, torch.bfloat16, torch.device("cuda"))
+    assert message.startswith("out of GPU memory: attention=naive model=gpt2-medium seq_len=8192 batch_size=2 (micro-batch 2).")
+    assert "2×16×8192² scores: 4.0 GiB per matrix in bfloat16" in message
+    assert "the backward needs 288.0 GiB of them kept over 24 layers (this GPU has 139.7 GiB)" in message
+    assert message.endswith("Try attention=flash (no N×N matrices), a smaller batch_size, or a larger grad_accum.")
+    flash = oom_message(compose_config("attention=flash", "seq_len=8192"), 1, torch.bfloat16, torch.device("cuda"))
+    assert "N×N" not in flash and "attention=flash" in flash and flash.endswith("Try a smaller batch_size or a larger grad_accum (the same tokens per step, fewer at once).")
+
+
+# Runs train.py's own main() with train_step raising CUDA's out-of-memory error for naive attention.
+SIMULATED_OOM = """
+import sys
+import kernels  # noqa: F401
+import torch
+import training.loop
+from model.attention import naive_attention
+real_step = training.loop.train_step
+
+def train_step(model, *args, **kwargs):
+    if model.blocks[0].attn.attend is naive_attention:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 288.00 GiB")
+    return real_step(model, *args, **kwargs)
+
+training.loop.train_step = train_step
+sys.argv = ["train.py", *sys.argv[1:]]
+import runpy
+runpy.run_path("train.py", run_name="__main__")  # as `python train.py ...` (Hydra finds configs/ by the file)
+"""
+
+
+def test_oom_exits_nonzero_alone(tiny_cfg, pattern_data, monkeypatch, caplog):
+    """train.py's main() on a single run (Hydra's mode RUN): the summary says oom, the exit code is 1."""
+    import train as entry  # train.py
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 288.00 GiB")
+
+    monkeypatch.setattr("training.loop.train_step", oom)
+    monkeypatch.setattr(entry.HydraConfig, "get", lambda: SimpleNamespace(mode=entry.RunMode.RUN))
+    cfg = tiny_cfg("attention=naive")
+    with caplog.at_level(logging.ERROR), pytest.raises(SystemExit) as exit_:
+        entry.main.__wrapped__(cfg)
+    assert exit_.value.code == 1
+    assert "out of GPU memory: attention=naive model=tiny seq_len=32 batch_size=4 (micro-batch 4)." in caplog.text
+    assert json.loads((Path(cfg.out_dir) / SUMMARY_FILE).read_text())["status"] == "oom"
+
+
+def test_oom_in_a_sweep_is_recorded_and_the_next_job_runs(tmp_path):
+    """`python train.py -m attention=naive,sdpa` where naive runs out of memory: exit 0, both jobs recorded."""
+    overrides = [*SHRINK, "steps=2", "data=synthetic", "data.vocab_size=100", "data.num_tokens=5000"]
+    sweep = subprocess.run(
+        [sys.executable, "-c", SIMULATED_OOM, "-m", "attention=naive,sdpa", *overrides,
+         f"cache_dir={tmp_path / 'cache'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    assert "out of GPU memory: attention=naive model=tiny seq_len=32" in sweep.stdout + sweep.stderr
+    assert "Traceback" not in sweep.stdout + sweep.stderr
+    jobs = [p for p in (tmp_path / "sweep").iterdir() if p.is_dir()]
+    status = {p.name: json.loads((p / SUMMARY_FILE).read_text())["status"] for p in jobs}
+    assert status == {"0-naive-tiny-n32": "oom", "1-sdpa-tiny-n32": "ok"}

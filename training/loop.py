@@ -25,7 +25,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from data import build_dataset
-from model.attention import get_attention
+from model.attention import get_attention, naive_attention_bytes
 from model.flops import MFU_CONVENTION, count_step_flops, flops_per_token, measure_matmul_flops, mfu
 from model.gpt import GPT, GPTConfig
 from training.checkpoint import (
@@ -280,11 +280,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         summary.update(status="nonfinite", error=f"step {bad.step}: {bad}")
     except torch.OutOfMemoryError:
         a = cfg.attention.name
-        log.error(
-            "out of GPU memory: attention=%s model=%s seq_len=%d batch_size=%d (micro-batch %d). "
-            "Try attention=flash (no N×N matrices), a smaller batch_size, or a larger grad_accum.",
-            a, cfg.model.name, cfg.seq_len, cfg.batch_size, cfg.batch_size // cfg.grad_accum,
-        )
+        log.error("%s", oom_message(cfg, run.derived["micro_batch"], resolve_dtype(cfg, run.device), run.device))
         error = f"CUDA out of memory (attention={a}, seq_len={cfg.seq_len}, batch_size={cfg.batch_size})"
         summary.update(status="oom", error=error)
     except BaseException as err:  # still close the logs, marked as failed, then let it propagate
@@ -299,6 +295,31 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         gc.collect()
         torch.cuda.empty_cache()
     return summary
+
+
+def oom_message(cfg: DictConfig, micro_batch: int, dtype: torch.dtype, device: torch.device) -> str:
+    """What a run that ran out of GPU memory tells its user: its shape, for naive attention the
+    memory of its N×N matrices (model.attention.naive_attention_bytes), and what to change."""
+    a, m, n = cfg.attention.name, cfg.model, cfg.seq_len
+    text = f"out of GPU memory: attention={a} model={m.name} seq_len={n} batch_size={cfg.batch_size}"
+    text += f" (micro-batch {micro_batch})."
+    if a == "naive":
+        one, kept = naive_attention_bytes(micro_batch, m.n_head, n, m.n_layer, dtype, device.type)
+        text += (
+            f" Naive attention makes micro-batch×heads×N×N = {micro_batch}×{m.n_head}×{n}² scores: "
+            f"{_size(one)} per matrix in {str(dtype).removeprefix('torch.')}, and the backward needs "
+            f"{_size(kept)} of them kept over {m.n_layer} layers"
+        )
+        if device.type == "cuda":
+            text += f" (this GPU has {_size(torch.cuda.get_device_properties(device).total_memory)})"
+        text += "."
+    if a != "flash":
+        return text + " Try attention=flash (no N×N matrices), a smaller batch_size, or a larger grad_accum."
+    return text + " Try a smaller batch_size or a larger grad_accum (the same tokens per step, fewer at once)."
+
+
+def _size(n_bytes: float) -> str:
+    return f"{n_bytes / 2**30:.1f} GiB" if n_bytes >= 2**29 else f"{n_bytes / 2**20:.1f} MiB"
 
 
 def _loop(run: Run, metrics: MetricsLogger) -> dict[str, Any]:
