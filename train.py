@@ -5,6 +5,7 @@ Sweep: `python train.py -m attention=naive,sdpa,flash seq_len=1024,2048,4096,819
 """
 
 import logging
+import signal
 import sys
 
 import kernels  # noqa: F401  first: picks Triton's backend (CPU interpreter without CUDA) before torch imports triton
@@ -30,6 +31,8 @@ def main(cfg: DictConfig) -> float | None:
         if multirun:
             return None
         sys.exit(2)
+    if summary["status"] == "interrupted":  # SIGTERM/Ctrl-C ends a -m sweep too, with the shell's code (143/130)
+        sys.exit(128 + signal.Signals[summary["signal"]].value)
     if summary["status"] != "ok" and not multirun:
         sys.exit(1)
     return summary.get("final/val_loss")  # what a Hydra sweeper would optimise

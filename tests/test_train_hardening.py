@@ -6,9 +6,12 @@ code, and that checkpoints and metrics on disk are still whole and usable.
 
 import json
 import logging
+import os
+import signal
 import struct
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -331,3 +334,124 @@ def test_oom_in_a_sweep_is_recorded_and_the_next_job_runs(tmp_path):
     jobs = [p for p in (tmp_path / "sweep").iterdir() if p.is_dir()]
     status = {p.name: json.loads((p / SUMMARY_FILE).read_text())["status"] for p in jobs}
     assert status == {"0-naive-tiny-n32": "oom", "1-sdpa-tiny-n32": "ok"}
+
+
+# --- interruption -------------------------------------------------------------------------------
+
+
+def wait_for(condition, what: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    """Poll until condition() holds; fail with the process's output if it ends or time runs out."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            out, err = proc.communicate()
+            pytest.fail(f"never saw {what} (exit code {proc.returncode}):\n{out[-2000:]}\n{err[-3000:]}")
+        time.sleep(0.05)
+
+
+def step_lines(out: Path) -> int:
+    path = out / METRICS_FILE
+    return sum(1 for r in read_jsonl(path) if "train/loss" in r) if path.exists() else 0
+
+
+def test_ctrl_c_finishes_the_step_saves_and_resumes(tiny_cfg, pattern_data, monkeypatch, caplog):
+    import training.loop
+
+    real_step, calls = training.loop.train_step, []
+
+    def step_then_ctrl_c(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # arrives mid-step, as a real Ctrl-C would
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(training.loop, "train_step", step_then_ctrl_c)
+    cfg = tiny_cfg("attention=sdpa", "ckpt_every=5")  # no checkpoint is due at step 3
+    with caplog.at_level(logging.WARNING):
+        summary = train(cfg)
+    out = Path(cfg.out_dir)
+    assert summary["status"] == "interrupted" and summary["signal"] == "SIGINT" and summary["steps_done"] == 3
+    assert f"SIGINT: stopped after step 3; checkpoint saved in {out}. Continue with resume={out}" in caplog.text
+    assert load_checkpoint(out / CHECKPOINT_NAME)["step"] == 3
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C works as usual again
+    assert train(tiny_cfg("attention=sdpa", "ckpt_every=5", "resume=true"))["status"] == "ok"
+    assert [r["step"] for r in read_jsonl(out / METRICS_FILE) if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+    """`kill <pid>` (or a scheduler's stop) on `python train.py`: exit code 143, no traceback, resumable."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", *SHRINK, "attention=sdpa", "steps=100000", "ckpt_every=100000",
+         "data=synthetic", "data.vocab_size=100", "data.num_tokens=5000",
+         f"cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={out}"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    wait_for(lambda: step_lines(out) >= 2, "two training steps", proc)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "Traceback" not in stdout + stderr
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    assert summary["status"] == "interrupted" and summary["signal"] == "SIGTERM"
+    assert load_checkpoint(out / CHECKPOINT_NAME)["step"] == summary["steps_done"] == step_lines(out) >= 2
+    assert f"SIGTERM: stopped after step {summary['steps_done']}; checkpoint saved in {out}" in stdout + stderr
+
+
+# A run (data=synthetic, checkpoints every 2 steps) whose second checkpoint write stalls halfway
+# through the file, so the test can SIGKILL it there. argv: out_dir, cache_dir.
+STALLS_IN_SECOND_CHECKPOINT = """
+import io, sys, time
+sys.path.insert(0, "tests")
+from conftest import SHRINK, compose_config
+import torch
+from training.loop import train
+
+real_save, saves = torch.save, []
+
+def stalling_save(obj, f, *args, **kwargs):
+    saves.append(f)
+    if len(saves) < 2:
+        return real_save(obj, f, *args, **kwargs)
+    buffer = io.BytesIO()
+    real_save(obj, buffer)
+    with open(f, "wb") as half:
+        half.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+        half.flush()
+        print("HALF WRITTEN", flush=True)
+        time.sleep(600)
+
+torch.save = stalling_save
+out, cache = sys.argv[1:]
+train(compose_config(*SHRINK, "attention=sdpa", "ckpt_every=2", "data=synthetic", "data.vocab_size=100",
+                     "data.num_tokens=5000", f"out_dir={out}", f"cache_dir={cache}"))
+"""
+
+
+def test_sigkill_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, tiny_cfg):
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STALLS_IN_SECOND_CHECKPOINT, str(out), str(cache)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    line = proc.stdout.readline()  # blocks until the writer is halfway through (or the process ends)
+    if line.strip() != "HALF WRITTEN":
+        proc.kill()
+        pytest.fail(f"the run did not reach its second checkpoint: {line}{proc.communicate()[1][-3000:]}")
+    temp = out / (CHECKPOINT_NAME + ".tmp")
+    assert temp.stat().st_size > 0
+    proc.kill()  # SIGKILL: no handler, no cleanup, no flush
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+
+    assert load_checkpoint(out / CHECKPOINT_NAME)["step"] == 2  # the previous checkpoint, whole
+    with pytest.raises(CheckpointError, match="is damaged"):
+        load_checkpoint(temp)  # what was being written
+    assert [r["step"] for r in read_jsonl(out / METRICS_FILE) if "train/loss" in r] == [1, 2, 3, 4]
+    summary = train(tiny_cfg("attention=sdpa", "ckpt_every=2", "data=synthetic", "data.vocab_size=100",
+                             "data.num_tokens=5000", f"cache_dir={cache}", "resume=true"))
+    assert summary["status"] == "ok" and summary["steps_done"] == 6
+    assert load_checkpoint(out / CHECKPOINT_NAME)["step"] == 6 and not temp.exists()
+    steps = [r["step"] for r in read_jsonl(out / METRICS_FILE) if "train/loss" in r]
+    assert steps == [1, 2, 3, 4, 3, 4, 5, 6]  # steps 3-4 ran again from the step-2 checkpoint

@@ -11,7 +11,9 @@ import contextlib
 import gc
 import logging
 import math
+import signal
 import statistics
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -328,13 +330,14 @@ def _loop(run: Run, metrics: MetricsLogger) -> dict[str, Any]:
     micro = cfg.batch_size // cfg.grad_accum
     times: list[float] = []
     recent: list[float] = []  # train losses since the last console line
+    done = run.start_step
     skipped = 0  # steps whose NaN/Inf batch was skipped (skip_nonfinite_steps)
     summary: dict[str, Any] = {}
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)  # peaks are this run's, not an earlier sweep job's
     # disable=None: a bar on terminals only; logs and CI get the log_every lines instead.
     bar = tqdm(range(run.start_step, end), initial=run.start_step, total=end, desc=run_name(cfg), disable=None)
-    with logging_redirect_tqdm(), _profiler(cfg, run.out_dir) as prof:
+    with logging_redirect_tqdm(), _profiler(cfg, run.out_dir) as prof, stop_on_signals() as signals:
         for step in bar:
             t0 = time.perf_counter()
             # Batch index step*grad_accum + i: the data position is a function of the step alone.
@@ -370,13 +373,20 @@ def _loop(run: Run, metrics: MetricsLogger) -> dict[str, Any]:
                 averaged = {**row, "train/loss": sum(finite) / len(finite)}
                 log.info("step %d/%d | %s", done, cfg.steps, _postfix(averaged))
                 recent.clear()
-            if cfg.ckpt_every and (done % cfg.ckpt_every == 0 or done == end):
+            stop = bool(signals) and done < end  # under torchrun all ranks must agree: reduce over ranks (max)
+            if cfg.ckpt_every and (done % cfg.ckpt_every == 0 or done == end or stop):
                 config = OmegaConf.to_container(cfg, resolve=True)
                 save_checkpoint(run.out_dir / CHECKPOINT_NAME, run.raw_model, run.optimizer, done, config)
             if prof is not None:
                 prof.step()
+            if stop:
+                saved = f"checkpoint saved in {run.out_dir}" if cfg.ckpt_every else "no checkpoint (ckpt_every=0)"
+                log.warning("%s: stopped after step %d; %s. Continue with resume=%s", signals[0], done, saved,
+                            run.out_dir)
+                summary.update(status="interrupted", signal=signals[0])
+                break
     summary["final/train_loss"] = loss if times else None
-    summary["steps_done"] = end
+    summary["steps_done"] = done
     if skipped:
         summary["skipped_steps"] = skipped
     if times:
@@ -402,6 +412,31 @@ def _log_step_flops(run: Run, metrics: MetricsLogger) -> None:
         flops["flops/attn_fwd_analytic"], flops["flops/attn_bwd_analytic"], flops["flops/attn_recompute"],
         100 * flops["flops/attn_recompute_share"],
     )
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[list[str]]:
+    """While training, SIGTERM (a scheduler's stop, `kill`) and SIGINT (Ctrl-C) are noted in the
+    list this yields instead of ending the process: the loop finishes its step, saves a checkpoint
+    and returns. A second signal acts as it would have (Ctrl-C twice stops at once). Outside the
+    main thread, where Python cannot catch signals, this does nothing."""
+    received: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+    previous = {s: signal.getsignal(s) or signal.SIG_DFL for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def note(signum: int, frame: Any) -> None:
+        received.append(signal.Signals(signum).name)  # logged by the loop: handlers should do little
+        signal.signal(signum, previous[signum])
+
+    for s in previous:
+        signal.signal(s, note)
+    try:
+        yield received
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _step_metrics(run: Run, loss: float, lr: float, dt: float) -> dict[str, float]:
