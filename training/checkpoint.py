@@ -45,7 +45,7 @@ def save_checkpoint(
     weights = model.state_dict()
     poisoned = [name for name, t in weights.items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if poisoned:  # the loop never steps on NaN/Inf gradients, so this is a bug: keep the last good file
-        raise CheckpointError(f"not writing {path}: NaN/Inf in the weights {poisoned[:3]}; the previous checkpoint is kept")
+        raise CheckpointError(f"not writing {path}: NaN/Inf in the weights {poisoned[:3]}; the last checkpoint is kept")
     state = {
         "model": weights,
         "optimizer": optimizer.state_dict(),
