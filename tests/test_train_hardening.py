@@ -317,6 +317,7 @@ def test_oom_exits_nonzero_alone(tiny_cfg, pattern_data, monkeypatch, caplog):
         entry.main.__wrapped__(cfg)
     assert exit_.value.code == 1
     assert "out of GPU memory: attention=naive model=tiny seq_len=32 batch_size=4 (micro-batch 4)." in caplog.text
+    assert "4×2×32² scores: 32.0 KiB per matrix in float32, and the backward needs 32.0 KiB" in caplog.text
     assert json.loads((Path(cfg.out_dir) / SUMMARY_FILE).read_text())["status"] == "oom"
 
 

@@ -321,7 +321,10 @@ def oom_message(cfg: DictConfig, micro_batch: int, dtype: torch.dtype, device: t
 
 
 def _size(n_bytes: float) -> str:
-    return f"{n_bytes / 2**30:.1f} GiB" if n_bytes >= 2**29 else f"{n_bytes / 2**20:.1f} MiB"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if n_bytes >= scale / 2:
+            return f"{n_bytes / scale:.1f} {unit}"
+    return f"{n_bytes / 2**10:.1f} KiB"
 
 
 def _loop(run: Run, metrics: MetricsLogger) -> dict[str, Any]:
