@@ -2,6 +2,7 @@
 
 Config: configs/config.yaml and its groups (attention, model, data, logger, experiment).
 Sweep: `python train.py -m attention=naive,sdpa,flash seq_len=1024,2048,4096,8192`.
+Several GPUs: `torchrun --nproc_per_node=8 train.py ...` (training/distributed.py).
 """
 
 import logging
@@ -14,6 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from training import distributed
 from training.config import ConfigError
 from training.loop import train
 
@@ -27,10 +29,14 @@ def main(cfg: DictConfig) -> float | None:
     try:
         summary = train(cfg)
     except ConfigError as err:
+        distributed.record_failure(err)  # under torchrun: its closing report shows this message
         log.error("config error: %s", err)  # one line naming the field; no traceback
         if multirun:
             return None
         sys.exit(2)
+    except Exception as err:
+        distributed.record_failure(err)
+        raise  # Hydra prints it
     if summary["status"] == "interrupted":  # SIGTERM/Ctrl-C ends a -m sweep too, with the shell's code (143/130)
         sys.exit(128 + signal.Signals[summary["signal"]].value)
     if summary["status"] != "ok" and not multirun:
@@ -39,4 +45,5 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    main()
+    with distributed.torchrun_process(sys.argv):  # ranks > 0 write no files; the process group ends with the process
+        main()

@@ -10,7 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+
+from training.distributed import full_state, load_full_state
 
 CHECKPOINT_NAME = "checkpoint.pt"
 CHECKPOINT_KEYS = ("model", "optimizer", "step", "rng", "config")
@@ -41,14 +44,18 @@ def save_checkpoint(
 
     `model` must be the unwrapped module (not torch.compile'd or DDP-wrapped), so the keys
     carry no `_orig_mod.`/`module.` prefixes. `step` is the number of optimizer steps done.
+    Under torchrun, call it on every rank (an FSDP model is gathered from all of them); rank 0
+    writes the full tensors, in the same layout as a single process, so any world size loads it.
     """
-    weights = model.state_dict()
+    weights, optimizer_state = full_state(model, optimizer)
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return
     poisoned = [name for name, t in weights.items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if poisoned:  # the loop never steps on NaN/Inf gradients, so this is a bug: keep the last good file
         raise CheckpointError(f"not writing {path}: NaN/Inf in the weights {poisoned[:3]}; the last checkpoint is kept")
     state = {
         "model": weights,
-        "optimizer": optimizer.state_dict(),
+        "optimizer": optimizer_state,
         "step": step,
         "rng": _rng_state(),
         "config": config,
@@ -113,8 +120,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 def restore_checkpoint(state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Put model, optimizer and RNG back as saved; return the number of steps done."""
     try:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])  # moves the moments to the params' device
+        load_full_state(model, optimizer, state["model"], state["optimizer"])  # FSDP: each rank keeps its shard
     except (RuntimeError, ValueError, KeyError) as err:  # shapes or parameter groups differ
         detail = " ".join(str(err).split())[:300]  # torch lists every tensor on its own line; one line will do
         raise CheckpointError(f"the checkpoint does not fit this model and optimizer: {detail}") from err

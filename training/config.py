@@ -8,6 +8,7 @@ import torch
 from omegaconf import DictConfig
 
 from model.attention import ATTENTION, SDPA_BACKENDS
+from training.distributed import PARALLEL
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +41,11 @@ def resolve_batch_size(cfg: DictConfig) -> None:
     cfg.batch_size = cfg.tokens_per_step // cfg.seq_len
 
 
-def validate_config(cfg: DictConfig) -> None:
+def validate_config(cfg: DictConfig, world_size: int = 1) -> None:
     """Raise ConfigError naming the first invalid field; cheap, touches no data or device.
 
-    Resolves a null batch_size first (see resolve_batch_size), in place.
+    Resolves a null batch_size first (see resolve_batch_size), in place. `world_size` is the number
+    of torchrun processes, which split each step's batch_size sequences between them.
     """
     resolve_batch_size(cfg)
     for key in ("seq_len", "batch_size", "grad_accum", "steps"):
@@ -52,6 +54,15 @@ def validate_config(cfg: DictConfig) -> None:
         cfg.batch_size % cfg.grad_accum == 0,
         f"batch_size={cfg.batch_size} must be divisible by grad_accum={cfg.grad_accum}",
     )
+    split = cfg.grad_accum * world_size  # equal micro-batches per step, over all ranks
+    next_up = -(-cfg.batch_size // split) * split
+    _require(
+        cfg.batch_size % split == 0,
+        f"batch_size={cfg.batch_size} must be divisible by ranks × grad_accum = {world_size} × {cfg.grad_accum} "
+        f"(each rank takes batch_size/{world_size} sequences per step), e.g. batch_size={next_up}",
+    )
+    _require(cfg.parallel in PARALLEL, f"parallel must be one of {', '.join(PARALLEL)} (got {cfg.parallel!r})")
+    _require(cfg.dist_timeout_s > 0, f"dist_timeout_s must be > 0 (got {cfg.dist_timeout_s})")
     _require(
         cfg.stop_at is None or 0 < cfg.stop_at <= cfg.steps,
         f"stop_at must be in 1..steps={cfg.steps} or null (got {cfg.stop_at!r})",

@@ -1,8 +1,9 @@
 """The training loop, built from small steps that tests call one by one.
 
-train(cfg): validate -> data -> build_model -> optimizer (-> resume) -> wrap_model -> loop of
-get_batch/train_step (+ evaluate, save_checkpoint) -> summary. Multi-GPU (DDP) slots in at
-three marked places: the rank in get_batch, the wrapper in wrap_model, rank-0-only logging.
+train(cfg): validate -> data -> build_model -> wrap_model -> optimizer (-> resume) -> loop of
+micro_batches/train_step (+ evaluate, save_checkpoint) -> summary. Under torchrun every rank runs
+this same loop (training/distributed.py: process group, DDP/FSDP, reductions); each takes its own
+rows of every batch, and only rank 0 logs and writes files.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from data import build_dataset
 from model.attention import get_attention, naive_attention_bytes
 from model.flops import MFU_CONVENTION, count_step_flops, flops_per_token, measure_matmul_flops, mfu
 from model.gpt import GPT, GPTConfig
+from training import distributed
 from training.checkpoint import (
     CHECKPOINT_NAME,
     CheckpointError,
@@ -39,6 +41,7 @@ from training.checkpoint import (
     save_checkpoint,
 )
 from training.config import ConfigError, resolve_compile, resolve_device, resolve_dtype, validate_config
+from training.distributed import DistInfo
 from training.metrics import MetricsLogger, attention_label, run_name
 from training.optim import build_optimizer, lr_at
 
@@ -48,8 +51,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # Resuming with any of these changed would not continue the same run: the model's shape (seq_len
 # sizes the position table) or the data each step reads. Everything else may change on resume:
 # attention too, since naive, sdpa and flash compute the same function of the same weights (e.g.
-# continue a naive run that ran out of memory with flash), and steps, lr, dtype, compile, device.
-RESUME_MUST_MATCH = ("model", "seq_len", "batch_size", "grad_accum", "seed", "data")
+# continue a naive run that ran out of memory with flash), and steps, lr, dtype, compile, device;
+# grad_accum and the number of ranks too, since they only split each step's batch (micro_batches).
+RESUME_MUST_MATCH = ("model", "seq_len", "batch_size", "seed", "data")
 RESUME_MAY_DIFFER = ("data.num_proc", "data.connect_timeout_s")  # how tokens are made, not which
 
 
@@ -68,26 +72,48 @@ def build_model(cfg: DictConfig, tokenizer_vocab: int, device: torch.device) -> 
     return GPT(gcfg, attend).to(device)
 
 
-def wrap_model(model: nn.Module, cfg: DictConfig, device: torch.device) -> nn.Module:
-    """What the loop calls: the model, maybe compiled. DDP would wrap here too (after compile)."""
-    if resolve_compile(cfg, device):
+def wrap_model(model: nn.Module, cfg: DictConfig, device: torch.device, dist: DistInfo = DistInfo()) -> nn.Module:
+    """What the loop calls: the model, maybe compiled; under torchrun also DDP-wrapped or FSDP-sharded
+    (FSDP shards `model` itself, so build the optimizer after this)."""
+    compile = resolve_compile(cfg, device)
+    if compile:
         log.info("compiling the model with torch.compile (the first steps are slow)")
         torch._dynamo.reset()  # in a -m sweep, drop the previous job's graphs (and its recompile budget)
-        return torch.compile(model)
-    return model
+    if dist.launched:
+        return distributed.parallelize(model, cfg.parallel, device, compile)
+    return torch.compile(model) if compile else model
 
 
 def get_batch(
-    ds: Any, split: str, batch_size: int, step: int, device: torch.device, rank: int = 0
+    ds: Any, split: str, batch_size: int, step: int, device: torch.device, rows: slice = slice(None)
 ) -> tuple[Tensor, Tensor]:
-    """Batch number `step` of `split`, on device. Stateless: the same arguments give the same batch.
+    """`rows` of batch number `step` of `split`, on device. Stateless: the same arguments give the same batch."""
+    x, y = ds.sample_batch(split, batch_size, step)
+    return _to_device(x[rows], device), _to_device(y[rows], device)
 
-    With DDP, each rank passes its own `rank` so ranks read different sequences.
+
+def micro_batches(
+    ds: Any, batch_size: int, grad_accum: int, step: int, device: torch.device, dist: DistInfo = DistInfo()
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """This rank's `grad_accum` micro-batches of optimizer step `step`.
+
+    Every rank draws the step's whole batch (batch_size windows, a function of the seed and step)
+    and keeps rows [r·s, (r+1)·s), s = batch_size / world_size, in grad_accum equal slices. So what
+    a step trains on does not depend on the number of ranks or on grad_accum: one GPU and eight
+    reach the same weights (up to float rounding), and a checkpoint resumes exactly on either.
     """
-    x, y = ds.sample_batch(split, batch_size, step, rank)
+    x, y = ds.sample_batch("train", batch_size, step)
+    share = batch_size // dist.world_size
+    micro = share // grad_accum
+    for i in range(grad_accum):
+        rows = slice(dist.rank * share + i * micro, dist.rank * share + (i + 1) * micro)
+        yield _to_device(x[rows], device), _to_device(y[rows], device)
+
+
+def _to_device(t: Tensor, device: torch.device) -> Tensor:
     if device.type == "cuda":  # pinned memory lets the copy overlap with compute
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x.to(device), y.to(device)
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def train_step(
@@ -103,13 +129,14 @@ def train_step(
     for group in optimizer.param_groups:
         group["lr"] = lr
     total = torch.zeros((), device=next(model.parameters()).device)
-    for _ in range(grad_accum):
+    for i in range(grad_accum):
         x, y = next(micro_batches)
-        with autocast():
-            _, loss = model(x, y)
-        # Divide so the accumulated gradient is the mean over the whole batch.
-        # (DDP: skip the gradient all-reduce on all but the last micro-batch with model.no_sync().)
-        (loss / grad_accum).backward()
+        # DDP averages gradients over ranks once, in the last micro-step's backward.
+        with distributed.grad_sync(model, sync=i == grad_accum - 1):
+            with autocast():
+                _, loss = model(x, y)
+            # Divide so the accumulated gradient is the mean over the whole batch.
+            (loss / grad_accum).backward()
         total += loss.detach()
     norm = _grad_norm(model, grad_clip)
     # Decide before optimizer.step(), which would spread a NaN into every weight and moment; this
@@ -146,17 +173,23 @@ def _grad_norm(model: nn.Module, grad_clip: float) -> Tensor:
 @torch.no_grad()
 def evaluate(
     model: nn.Module, ds: Any, eval_steps: int, batch_size: int, device: torch.device,
-    autocast: Callable[[], contextlib.AbstractContextManager],
+    autocast: Callable[[], contextlib.AbstractContextManager], dist: DistInfo = DistInfo(),
 ) -> float:
-    """Mean validation loss over the first `eval_steps` val batches (the same ones every time)."""
+    """Mean validation loss over the first `eval_steps` val batches (the same ones every time).
+
+    Under torchrun each rank evaluates its share of every batch and the means are averaged: the
+    same number as one process computes, in 1/world_size of the time.
+    """
     model.eval()
+    share = batch_size // dist.world_size
+    rows = slice(dist.rank * share, (dist.rank + 1) * share)
     losses = []
     for i in range(eval_steps):
-        x, y = get_batch(ds, "val", batch_size, i, device)
+        x, y = get_batch(ds, "val", batch_size, i, device, rows)
         with autocast():
             losses.append(model(x, y)[1])
     model.train()
-    return torch.stack(losses).mean().item()
+    return distributed.mean(torch.stack(losses).mean().item(), device)
 
 
 @dataclass
@@ -167,7 +200,7 @@ class Run:
     out_dir: Path
     device: torch.device
     ds: Any
-    raw_model: GPT  # unwrapped: what checkpoints store
+    raw_model: GPT  # unwrapped (FSDP: sharded in place): what checkpoints store
     model: nn.Module  # what the loop calls (maybe compiled)
     optimizer: torch.optim.Optimizer
     autocast: Callable[[], contextlib.AbstractContextManager]
@@ -175,13 +208,16 @@ class Run:
     flops_per_token: float
     peak_flops: float | None
     derived: dict[str, Any] = field(default_factory=dict)
+    dist: DistInfo = field(default_factory=DistInfo)  # this process's rank under torchrun
 
 
 def setup(cfg: DictConfig) -> Run:
     """Validate, then build data, model, optimizer; restore a checkpoint when resuming."""
-    validate_config(cfg)
-    out_dir = Path(cfg.out_dir)
-    device = resolve_device(cfg)
+    dist = distributed.from_env()
+    validate_config(cfg, dist.world_size)
+    device = distributed.init(dist, resolve_device(cfg), cfg.dist_timeout_s)
+    # Rank 0's run folder: the other ranks write nothing there, but read checkpoints from it.
+    out_dir = Path(distributed.broadcast(str(cfg.out_dir)))
     dtype = resolve_dtype(cfg, device)
     cache_dir = Path(cfg.cache_dir)
     if not cache_dir.is_absolute():
@@ -191,16 +227,21 @@ def setup(cfg: DictConfig) -> Run:
     except ValueError as err:  # corpus too small, missing files...: the user's to fix
         raise ConfigError(f"data={cfg.data.name}: {err}") from err
     model = build_model(cfg, ds.vocab_size, device)
+    wrapped = wrap_model(model, cfg, device, dist)
     optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), device)
     start_step = _resume(cfg, out_dir, model, optimizer) if cfg.resume else 0
     n_params = model.num_params()
     fpt = flops_per_token(model.cfg, n_params)
     peak, peak_source = _peak_flops(cfg, device, dtype)
+    if peak and dist.world_size > 1:  # tokens/s counts every rank's tokens: MFU against all their devices
+        peak, peak_source = peak * dist.world_size, f"{peak_source} × {dist.world_size} ranks"
     autocast = lambda: torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)  # noqa: E731
     derived = {
         "params": n_params, "params_total": model.num_params(non_embedding=False),
         "vocab_size": model.cfg.vocab_size, "tokenizer_vocab": ds.vocab_size,
-        "tokens_per_step": cfg.batch_size * cfg.seq_len, "micro_batch": cfg.batch_size // cfg.grad_accum,
+        "tokens_per_step": cfg.batch_size * cfg.seq_len, "ranks": dist.world_size,
+        "parallel": cfg.parallel if dist.launched else "none",
+        "micro_batch": cfg.batch_size // (cfg.grad_accum * dist.world_size),  # per rank
         "flops_per_token": fpt, "mfu_convention": MFU_CONVENTION,
         "peak_flops": peak, "peak_flops_source": peak_source,
         "attention": attention_label(cfg), "device": str(device),
@@ -208,8 +249,7 @@ def setup(cfg: DictConfig) -> Run:
         "dtype": str(dtype).removeprefix("torch."), "compile": resolve_compile(cfg, device),
         "torch": torch.__version__, "start_step": start_step,
     }
-    wrapped = wrap_model(model, cfg, device)
-    return Run(cfg, out_dir, device, ds, model, wrapped, optimizer, autocast, start_step, fpt, peak, derived)
+    return Run(cfg, out_dir, device, ds, model, wrapped, optimizer, autocast, start_step, fpt, peak, derived, dist)
 
 
 def _resume(cfg: DictConfig, out_dir: Path, model: GPT, optimizer: torch.optim.Optimizer) -> int:
@@ -266,7 +306,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     run = setup(cfg)
     log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
     log.info("derived: %s", ", ".join(f"{k}={v}" for k, v in run.derived.items()))
-    metrics = MetricsLogger(cfg, run.out_dir, run.derived)  # DDP: rank 0 only
+    metrics = MetricsLogger(cfg, run.out_dir, run.derived) if run.dist.is_main else distributed.NoMetrics()
     _log_step_flops(run, metrics)
     summary: dict[str, Any] = {"status": "ok"}
     try:
@@ -330,7 +370,7 @@ def _size(n_bytes: float) -> str:
 def _loop(run: Run, metrics: MetricsLogger) -> dict[str, Any]:
     cfg, device = run.cfg, run.device
     end = cfg.stop_at or cfg.steps
-    micro = cfg.batch_size // cfg.grad_accum
+    eval_batch = cfg.batch_size // cfg.grad_accum  # what one process would evaluate at a time; ranks split it
     times: list[float] = []
     recent: list[float] = []  # train losses since the last console line
     done = run.start_step
@@ -339,14 +379,13 @@ def _loop(run: Run, metrics: MetricsLogger) -> dict[str, Any]:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)  # peaks are this run's, not an earlier sweep job's
     # disable=None: a bar on terminals only; logs and CI get the log_every lines instead.
-    bar = tqdm(range(run.start_step, end), initial=run.start_step, total=end, desc=run_name(cfg), disable=None)
-    with logging_redirect_tqdm(), _profiler(cfg, run.out_dir) as prof, stop_on_signals() as signals:
+    quiet = None if run.dist.is_main else True  # only rank 0 draws a bar
+    bar = tqdm(range(run.start_step, end), initial=run.start_step, total=end, desc=run_name(cfg), disable=quiet)
+    with logging_redirect_tqdm(), _profiler(cfg, run.out_dir, run.dist.is_main) as prof, stop_on_signals() as signals:
         for step in bar:
             t0 = time.perf_counter()
-            # Batch index step*grad_accum + i: the data position is a function of the step alone.
-            batches = (
-                get_batch(run.ds, "train", micro, step * cfg.grad_accum + i, device) for i in range(cfg.grad_accum)
-            )
+            # The data position is a function of the step alone (and this rank's rows).
+            batches = micro_batches(run.ds, cfg.batch_size, cfg.grad_accum, step, device, run.dist)
             lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps)
             try:
                 loss = train_step(run.model, run.optimizer, batches, cfg.grad_accum, lr, cfg.grad_clip, run.autocast)
@@ -358,14 +397,16 @@ def _loop(run: Run, metrics: MetricsLogger) -> dict[str, Any]:
                 log.warning("step %d: %s: batch skipped, weights unchanged (skip_nonfinite_steps=true; %d skipped "
                             "so far)", bad.step, bad, skipped)
                 loss = bad.loss
-            dt = time.perf_counter() - t0
+            loss = distributed.mean(loss, device)  # every rank's share of the batch
+            dt = distributed.maximum(time.perf_counter() - t0, device)  # the slowest rank's step
             times.append(dt)
             row = _step_metrics(run, loss, lr, dt)
             done = step + 1
             if skipped:
                 row["train/skipped_steps"] = skipped
             if (cfg.eval_every and done % cfg.eval_every == 0) or done == end:
-                row["val/loss"] = evaluate(run.model, run.ds, cfg.eval_steps, micro, device, run.autocast)
+                val = evaluate(run.model, run.ds, cfg.eval_steps, eval_batch, device, run.autocast, run.dist)
+                row["val/loss"] = val
                 summary["final/val_loss"] = row["val/loss"]
             metrics.log(done, row)
             recent.append(loss)
@@ -376,7 +417,7 @@ def _loop(run: Run, metrics: MetricsLogger) -> dict[str, Any]:
                 averaged = {**row, "train/loss": sum(finite) / len(finite)}
                 log.info("step %d/%d | %s", done, cfg.steps, _postfix(averaged))
                 recent.clear()
-            stop = bool(signals) and done < end  # under torchrun all ranks must agree: reduce over ranks (max)
+            stop = distributed.maximum(float(bool(signals)), device) > 0 and done < end  # any rank's signal stops all
             if cfg.ckpt_every and (done % cfg.ckpt_every == 0 or done == end or stop):
                 config = OmegaConf.to_container(cfg, resolve=True)
                 save_checkpoint(run.out_dir / CHECKPOINT_NAME, run.raw_model, run.optimizer, done, config)
@@ -406,7 +447,7 @@ def _loop(run: Run, metrics: MetricsLogger) -> dict[str, Any]:
 def _log_step_flops(run: Run, metrics: MetricsLogger) -> None:
     """FLOPs of one optimizer step split into model/attention and forward/backward, counted by
     FlopCounterMode on a shapes-only copy of the model, so the backward's recomputation shows."""
-    flops = count_step_flops(run.model.cfg, run.model.blocks[0].attn.attend, run.cfg.batch_size)
+    flops = count_step_flops(run.raw_model.cfg, run.raw_model.blocks[0].attn.attend, run.cfg.batch_size)
     metrics.log(run.start_step, flops)
     log.info(
         "FLOPs per step: model fwd %.3g bwd %.3g | attention fwd %.3g bwd %.3g (analytic %.3g / %.3g), "
@@ -469,9 +510,9 @@ def _postfix(row: dict[str, float]) -> str:
 
 
 @contextlib.contextmanager
-def _profiler(cfg: DictConfig, out_dir: Path) -> Iterator[torch.profiler.profile | None]:
-    """profile=true: a torch.profiler trace of steps 3-5 (after warm-up) in <out_dir>/trace.json."""
-    if not cfg.profile:
+def _profiler(cfg: DictConfig, out_dir: Path, main: bool = True) -> Iterator[torch.profiler.profile | None]:
+    """profile=true: a torch.profiler trace of steps 3-5 (after warm-up) in <out_dir>/trace.json (rank 0's)."""
+    if not cfg.profile or not main:
         yield None
         return
     activities = [torch.profiler.ProfilerActivity.CPU]
