@@ -6,16 +6,19 @@ with forked workers, so no worker pays for importing torch again; each worker ru
 references run train() in this process on the same composed config.
 """
 
+import contextlib
 import gc
 import json
 import os
 import runpy
 import signal
+import socket
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -24,6 +27,8 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+import data.dataset
+import data.tokenizer
 import training.loop
 from conftest import REPO, SHRINK, compose_config
 from training import distributed
@@ -33,45 +38,29 @@ from training.loop import train
 from training.metrics import METRICS_FILE, SUMMARY_FILE
 
 # SHRINK (lr 1e-2, warmup 1) on random tokens, which every process generates alike (no cache files).
-RUN = [
-    *SHRINK, "attention=sdpa", "data=synthetic", "data.vocab_size=100", "data.num_tokens=5000",
-    "batch_size=8", "grad_accum=2", "steps=4", "eval_every=2",
-]
+TINY = [*SHRINK, "attention=sdpa", "batch_size=8", "grad_accum=2", "steps=4", "eval_every=2"]
+RUN = [*TINY, "data=synthetic", "data.vocab_size=100", "data.num_tokens=5000"]
 
 
-def _worker(argv: list[str], scratch: str, fail_rank: int | None, how: str) -> None:
-    """One rank: train.py's __main__ with `argv`, as under torchrun; optionally fail at step 2."""
+def _worker(argv: list[str], scratch: str, prepare: Callable[[int], None] | None) -> None:
+    """One rank: train.py's __main__ with `argv`, as under torchrun, after `prepare(rank)`."""
     torch.set_num_threads(1)  # what torchrun's OMP_NUM_THREADS=1 does for its workers
     tempfile.tempdir = scratch  # where rank > 0 keeps Hydra's throwaway folder
-    if fail_rank is not None and int(os.environ["RANK"]) == fail_rank:
-        real_step = training.loop.train_step
-        calls = []
-
-        def failing_step(*args, **kwargs):
-            calls.append(1)
-            if len(calls) == 2:  # the other rank is then waiting in step 2's all-reduce
-                if how == "raise":
-                    raise RuntimeError(f"rank {fail_rank} failed on purpose")
-                # Hang. The agent SIGTERMs this rank once rank 0 fails; a rank that ignores it (a hang in C
-                # code, or training.loop finishing its step) is SIGKILLed 30 s later, which the test skips.
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                time.sleep(120)
-            return real_step(*args, **kwargs)
-
-        training.loop.train_step = failing_step
+    if prepare is not None:
+        prepare(int(os.environ["RANK"]))
     sys.argv = ["train.py", *argv]
     runpy.run_path(str(REPO / "train.py"), run_name="__main__")
 
 
 def launch(
-    tmp_path: Path, nprocs: int, *overrides: str, run_dir: Path | None = None, fail_rank: int | None = None,
-    how: str = "raise",
+    tmp_path: Path, nprocs: int, *overrides: str, run_dir: Path | None = None,
+    prepare: Callable[[int], None] | None = None, base: list[str] = RUN,
 ) -> Path:
     """Run train.py on `nprocs` ranks through torchrun's agent; returns the run folder (rank 0's)."""
     run_dir = run_dir or tmp_path / f"run-{uuid.uuid4().hex[:6]}"
     scratch = tmp_path / "scratch"
     scratch.mkdir(exist_ok=True)
-    argv = [*RUN, *overrides, f"hydra.run.dir={run_dir}", f"cache_dir={tmp_path / 'cache'}"]
+    argv = [*base, *overrides, f"hydra.run.dir={run_dir}", f"cache_dir={tmp_path / 'cache'}"]
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=uuid.uuid4().hex, rdzv_backend="c10d",
         rdzv_endpoint="localhost:0", max_restarts=0, start_method="fork", monitor_interval=0.05,
@@ -89,12 +78,36 @@ def launch(
     gc.collect()
     gc.freeze()
     try:
-        elastic_launch(config, _worker)(argv, str(scratch), fail_rank, how)
+        elastic_launch(config, _worker)(argv, str(scratch), prepare)
     finally:
         gc.unfreeze()
         for s, handler in handlers.items():
             signal.signal(s, handler)
     return run_dir
+
+
+def fail_at_step_2(rank_to_fail: int, how: str) -> Callable[[int], None]:
+    """A `prepare` that makes one rank raise, or hang, in its 2nd step, while the other waits for it."""
+
+    def prepare(rank: int) -> None:
+        if rank != rank_to_fail:
+            return
+        real_step, calls = training.loop.train_step, []
+
+        def failing_step(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 2:  # the other rank is then waiting in step 2's all-reduce
+                if how == "raise":
+                    raise RuntimeError(f"rank {rank} failed on purpose")
+                # Hang. The agent SIGTERMs this rank once rank 0 fails; a rank that ignores it (a hang in
+                # C code, or training.loop finishing its step) is SIGKILLed 30 s later, which the test skips.
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                time.sleep(120)
+            return real_step(*args, **kwargs)
+
+        training.loop.train_step = failing_step
+
+    return prepare
 
 
 def single(tmp_path: Path, *overrides: str) -> Path:
@@ -171,7 +184,7 @@ def test_two_fsdp_ranks_resume_a_single_process_checkpoint_and_save_a_full_one(t
 def test_a_failing_rank_ends_the_job_with_its_message(tmp_path, capfd):
     start = time.monotonic()
     with pytest.raises(ChildFailedError) as err:
-        launch(tmp_path, 2, "steps=50", fail_rank=1)
+        launch(tmp_path, 2, "steps=50", prepare=fail_at_step_2(1, "raise"))
     # The agent saw rank 1 fail and stopped rank 0, which was waiting for it in an all-reduce.
     assert time.monotonic() - start < 30
     assert "rank 1 failed on purpose" in str(err.value)  # torchrun's closing report names the cause
@@ -181,7 +194,7 @@ def test_a_failing_rank_ends_the_job_with_its_message(tmp_path, capfd):
 def test_a_hung_rank_times_out_instead_of_hanging(tmp_path):
     start = time.monotonic()
     with pytest.raises(ChildFailedError) as err:
-        launch(tmp_path, 2, "steps=50", "dist_timeout_s=3", fail_rank=1, how="hang")
+        launch(tmp_path, 2, "steps=50", "dist_timeout_s=3", prepare=fail_at_step_2(1, "hang"))
     assert time.monotonic() - start < 60  # rank 1 would sleep 120 s
     assert err.value.get_first_failure()[0] == 0  # rank 0's collective gave up after 3 s
 
@@ -221,3 +234,45 @@ def test_plain_runs_are_untouched_by_the_distributed_paths(tmp_path):
     assert not torch.distributed.is_initialized() and run.model is run.raw_model
     assert run.derived["ranks"] == 1 and run.derived["parallel"] == "none" and run.derived["micro_batch"] == 4
     assert OmegaConf.select(cfg, "parallel") == "ddp"
+
+
+def test_ranks_on_a_cold_cache_build_the_tokenizer_and_tokens_once(tmp_path):
+    """Both ranks call build_dataset at once; its file locks let one build while the other waits."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join((REPO / name).read_text() for name in ("README.md", "training/loop.py")))
+    builds = tmp_path / "builds.txt"
+
+    def count_builds(rank: int) -> None:
+        def counted(name, real):
+            def build(*args, **kwargs):
+                with open(builds, "a") as f:  # one short O_APPEND write per build: lines do not interleave
+                    f.write(f"{name} rank {rank}\n")
+                return real(*args, **kwargs)
+            return build
+
+        data.tokenizer.train_bpe = counted("tokenizer", data.tokenizer.train_bpe)
+        data.dataset._write_tokens = counted("tokens", data.dataset._write_tokens)
+
+    run = launch(tmp_path, 2, "data=text", f"data.paths=[{corpus}]", "data.vocab_size=300", "steps=1",
+                 prepare=count_builds, base=TINY)
+    made = sorted(line.split(" rank")[0] for line in builds.read_text().splitlines())
+    assert made == ["tokenizer", "tokens", "tokens"], made  # tokens: one file per split
+    assert json.loads((run / SUMMARY_FILE).read_text())["status"] == "ok"
+
+
+@pytest.mark.parametrize("ending", [None, RuntimeError("boom"), KeyboardInterrupt(), SystemExit(1)])
+def test_the_process_group_ends_however_the_process_ends(monkeypatch, ending):
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port.getsockname()[1])}
+    port.close()
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with contextlib.suppress(type(ending)) if ending else contextlib.nullcontext():
+        with distributed.torchrun_process(["train.py"]):
+            distributed.init(distributed.from_env(), torch.device("cpu"), timeout_s=10)
+            assert torch.distributed.is_initialized() and torch.distributed.get_backend() == "gloo"
+            if ending is not None:
+                raise ending
+    assert not torch.distributed.is_initialized()
