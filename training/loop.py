@@ -214,6 +214,7 @@ class Run:
 def setup(cfg: DictConfig) -> Run:
     """Validate, then build data, model, optimizer; restore a checkpoint when resuming."""
     dist = distributed.from_env()
+    distributed.quiet_logging(dist)  # ranks > 0: warnings and errors only, tagged with the rank
     validate_config(cfg, dist.world_size)
     device = distributed.init(dist, resolve_device(cfg), cfg.dist_timeout_s)
     # Rank 0's run folder: the other ranks write nothing there, but read checkpoints from it.
@@ -424,10 +425,11 @@ def _loop(run: Run, metrics: MetricsLogger) -> dict[str, Any]:
             if prof is not None:
                 prof.step()
             if stop:
+                # A rank may stop on another rank's signal before its own arrives (torchrun sends SIGTERM to all).
+                name = signals[0] if signals else "SIGTERM"
                 saved = f"checkpoint saved in {run.out_dir}" if cfg.ckpt_every else "no checkpoint (ckpt_every=0)"
-                log.warning("%s: stopped after step %d; %s. Continue with resume=%s", signals[0], done, saved,
-                            run.out_dir)
-                summary.update(status="interrupted", signal=signals[0])
+                log.warning("%s: stopped after step %d; %s. Continue with resume=%s", name, done, saved, run.out_dir)
+                summary.update(status="interrupted", signal=name)
                 break
     summary["final/train_loss"] = loss if times else None
     summary["steps_done"] = done
