@@ -7,9 +7,9 @@ MFU, final loss, status), docs/results/train_sweep.json and a plot.
 
 A run is a folder train.py wrote: metrics.jsonl (one line per step, then {"summary": ...}),
 summary.json, and Hydra's .hydra/config.yaml, which says which attention, model and seq_len it
-was. Status: the summary's ("ok", "oom", "error"); "incomplete" when metrics.jsonl has steps but
-no summary (killed); "error" when the run stopped before training (config error, see its
-train.log). wandb offline runs inside a run folder are listed so they can be `wandb sync`ed; their
+was. Status: the summary's ("ok", "oom", "nonfinite", "interrupted", "error"); "incomplete" when
+metrics.jsonl has steps but no summary (killed); "error" when the run stopped before training
+(config error, see its train.log). wandb offline runs inside a run folder are listed so they can be `wandb sync`ed; their
 binary logs are not read (the JSONL holds the same numbers).
 """
 
