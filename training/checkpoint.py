@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -101,9 +102,10 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)  # weights_only: no pickled code runs
     except pickle.UnpicklingError as err:  # what weights_only refuses: arbitrary objects, maybe code
-        what = next((line for line in str(err).splitlines() if "global" in line.lower()), "refused by weights_only")
+        found = re.search(r"unsupported (global: )?GLOBAL [\w.]+", str(err), re.IGNORECASE)  # torch's wording
+        what = found.group(0) if found else "refused by weights_only"
         raise CheckpointError(
-            f"checkpoint {path} holds pickled objects other than tensors and containers ({what[:200]}); it was not "
+            f"checkpoint {path} holds pickled objects other than tensors and containers ({what}); it was not "
             f"written by train.py and is not loaded, since unpickling it could run code; {remedy}"
         ) from err
     except (RuntimeError, EOFError, KeyError, ValueError) as err:
