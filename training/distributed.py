@@ -78,18 +78,18 @@ def init(info: DistInfo, device: torch.device, timeout_s: float) -> torch.device
         )
     elif (dist.get_backend() == "nccl") != (device.type == "cuda"):
         raise RuntimeError(f"the process group uses {dist.get_backend()}, which cannot serve device={device.type}")
-    if not info.is_main:
-        _quiet_logging(info.rank)
     return device
 
 
-def _quiet_logging(rank: int) -> None:
-    """Ranks other than 0 print warnings and errors only, tagged with their rank."""
+def quiet_logging(info: DistInfo) -> None:
+    """Ranks other than 0 print warnings and errors only, tagged with their rank; rank 0 logs as usual."""
+    if info.is_main:
+        return
     root = logging.getLogger()
     root.setLevel(logging.WARNING)
     if not root.handlers:  # train.py gives these ranks no Hydra logging (see torchrun_process)
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter(f"[%(asctime)s][rank {rank}] %(message)s", "%H:%M:%S"))
+        handler.setFormatter(logging.Formatter(f"[%(asctime)s][rank {info.rank}] %(message)s", "%H:%M:%S"))
         root.addHandler(handler)
 
 
