@@ -16,67 +16,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from kernels import attention_flops, flash_attention
 from kernels.flash_attention import forced_config, kernel_config
-from kernels.reference import attention_reference
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-DTYPES = [torch.float16, torch.bfloat16, torch.float32]
-
-
-@pytest.fixture
-def poisoned_outputs(monkeypatch):
-    """Make every torch.empty / empty_like return NaN-filled memory while the test runs."""
-    empty, empty_like = torch.empty, torch.empty_like
-
-    def poison(t: torch.Tensor) -> torch.Tensor:
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison(empty(*a, **kw)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poison(empty_like(*a, **kw)))
-
-
-def make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype, requires_grad=True):
-    def rand(heads, n):
-        return torch.randn(batch, heads, n, head_dim, device=DEVICE, dtype=dtype, requires_grad=requires_grad)
-
-    return rand(heads_q, seqlen_q), rand(heads_kv, seqlen_k), rand(heads_kv, seqlen_k)
-
-
-def run_fwd_bwd(fn, q, k, v, do, **kw):
-    """Output and (dq, dk, dv) of fn on fresh leaf copies of q, k, v."""
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    out = fn(*leaves, **kw)
-    out.backward(do.to(out.dtype))
-    return out.detach(), [t.grad for t in leaves]
-
-
-def assert_within_rule(name: str, got: torch.Tensor, ref: torch.Tensor, standard: torch.Tensor, factor: float) -> None:
-    """got vs the float64 ref, allowed `factor`× the error of `standard` (plain PyTorch in the input dtype)."""
-    assert not got.isnan().any(), f"{name}: {int(got.isnan().sum())} NaN elements (unwritten output?) first at {got.isnan().nonzero()[0].tolist()}"
-    err = (got.double() - ref).abs()
-    standard_err = (standard.double() - ref).abs().max().item()
-    bound = factor * standard_err + 1e-5
-    worst = err.max().item()
-    where = list(torch.unravel_index(err.argmax(), err.shape))
-    assert worst <= bound, (
-        f"{name}: max abs error {worst:.3g} at {[int(i) for i in where]} exceeds {factor}× the "
-        f"{got.dtype} standard error {standard_err:.3g} + 1e-5 (got {got.flatten()[err.argmax()].item():.6g}, "
-        f"ref {ref.flatten()[err.argmax()].item():.6g})"
-    )
-
-
-def check_against_reference(q, k, v, causal, softmax_scale=None):
-    """Run kernel, float64 reference and the plain-dtype standard; apply the exactness rule."""
-    do = torch.randn(q.shape, device=q.device, dtype=torch.float64)
-    kw = dict(causal=causal, softmax_scale=softmax_scale)
-    out, grads = run_fwd_bwd(flash_attention, q, k, v, do, **kw)
-    ref, ref_grads = run_fwd_bwd(attention_reference, q, k, v, do, **kw)
-    std, std_grads = run_fwd_bwd(attention_reference, q, k, v, do, dtype=None, **kw)
-    assert out.dtype == q.dtype and out.shape == q.shape
-    assert_within_rule("O", out, ref, std, 2.0)
-    for name, g, r, s in zip(("dQ", "dK", "dV"), grads, ref_grads, std_grads):
-        assert g.shape == r.shape, f"{name} shape {tuple(g.shape)} != {tuple(r.shape)}"
-        assert_within_rule(name, g, r, s, 3.0)
-
+from _attention_checks import (  # noqa: F401  poisoned_outputs is a fixture
+    DEVICE, DTYPES, check_against_reference, make_qkv, poisoned_outputs, run_fwd_bwd,
+)
 
 # (batch, seqlen_q, seqlen_k, head_dim, heads_q, heads_kv): lengths 1, 17, 64, 257 and unequal
 # pairs both ways, head dims 16/40/64/80/128, MHA / GQA 4:2 / MQA 4:1. 257 = 4·64 + 1 leaves a
