@@ -27,8 +27,9 @@ accumulates dQ over all key blocks. Each pass recomputes S (and dP), the price o
 
 Conventions: inputs in SDPA layout (batch, heads, seqlen, head_dim), any strides. Causal masks
 align bottom-right: query i sees keys j <= i + seqlen_k − seqlen_q (flash-attn's convention). A
-row that sees no key outputs zeros, has LSE = +inf, and gets zero gradients. Head dims that are
-not powers of two are padded inside the kernel with masked loads.
+row that sees no key outputs zeros, has LSE = +inf, and gets zero gradients. NaN/Inf inputs are not
+cleaned: a row whose scores hold a NaN or +inf, or are all −inf, comes out NaN as in softmax. Head
+dims that are not powers of two are padded inside the kernel with masked loads.
 """
 from __future__ import annotations
 
@@ -169,10 +170,15 @@ def _fwd_kernel(
         HEAD_DIM, BLOCK_N, True, CAUSAL, ELEM, UPCAST, DOT_PRECISION,
     )
 
-    empty = l_i == 0.0  # rows that saw no key: output 0, LSE +inf (so the backward's P is 0)
-    l_safe = tl.where(empty, 1.0, l_i)
-    acc = acc / l_safe[:, None]
-    lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    if CAUSAL:
+        # rows that see no key (seqlen_q > seqlen_k): output 0/1 = 0 and LSE = +inf (so the
+        # backward's P = e^{S - LSE} is 0). Decided by position, not by l == 0: a row whose every
+        # score is -inf (a -inf input) also ends with l = 0 and must give 0/0 = NaN, as softmax does.
+        empty = offs_m + offset < 0
+        l_i = tl.where(empty, 1.0, l_i)
+        m_i = tl.where(empty, float("inf"), m_i)
+    acc = acc / l_i[:, None]
+    lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
     tl.store(LSE + row0 + offs_m, lse, mask=offs_m < seqlen_q)
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
     tl.store(o_ptrs, _mma_operand(acc, ELEM, UPCAST).to(ELEM), mask=q_ok)
