@@ -76,6 +76,8 @@ def init(info: DistInfo, device: torch.device, timeout_s: float) -> torch.device
             timeout=datetime.timedelta(seconds=timeout_s),
             device_id=device if device.type == "cuda" else None,  # binds NCCL to this rank's GPU now
         )
+        log.info("torchrun: %d ranks, %s process group, rank %d on %s", info.world_size, dist.get_backend(),
+                 info.rank, device)
     elif (dist.get_backend() == "nccl") != (device.type == "cuda"):
         raise RuntimeError(f"the process group uses {dist.get_backend()}, which cannot serve device={device.type}")
     return device
