@@ -605,7 +605,8 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if q.device.type != "cuda" and not interpreting():
+    # meta tensors carry shapes only (FLOP counting, tracing): the op's fake impl answers, no kernel runs
+    if q.device.type not in ("cuda", "meta") and not interpreting():
         raise ValueError(f"q is on {q.device}: the Triton kernel needs a CUDA device, or TRITON_INTERPRET=1 set before importing kernels to run on the CPU")
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")

@@ -9,6 +9,7 @@ element the kernel forgets to write fails the test.
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -186,3 +187,18 @@ def test_mixed_devices_raise():
 def test_long_sequences_bf16_on_gpu(seqlen, causal):
     q, k, v = make_qkv(1, 4, 2, seqlen, seqlen, 64, torch.bfloat16)
     check_against_reference(q, k, v, causal)
+
+
+def test_meta_tensors_trace_shapes_without_a_kernel(monkeypatch):
+    """The trainer counts FLOPs on a meta-device model: that must work on a GPU machine too,
+    where the interpreter is off (simulated here), and give the forward's and backward's shapes."""
+    monkeypatch.setattr(sys.modules["kernels.flash_attention"], "interpreting", lambda: False)  # the package's name is the function
+    q = torch.randn(2, 4, 33, 16, device="meta", requires_grad=True)
+    k = torch.randn(2, 2, 40, 16, device="meta", requires_grad=True)
+    v = torch.randn(2, 2, 40, 16, device="meta", requires_grad=True)
+    out = flash_attention(q, k, v, causal=True)
+    assert out.device.type == "meta" and out.shape == q.shape
+    out.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        flash_attention(*(torch.randn(1, 1, 4, 16) for _ in range(3)))  # real CPU tensors still refused
