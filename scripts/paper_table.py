@@ -359,7 +359,7 @@ def markdown(meta: dict[str, Any], shape: Shape, rows: list[dict[str, Any]], blo
         ["status", *(r["status"] for r in rows), "", ""],
     ]
     lines = [
-        f"## Attention forward+backward at the GPT-2 medium shape (paper Fig. 2, left)",
+        "## Attention forward+backward at the GPT-2 medium shape (paper Fig. 2, left)",
         "",
         f"batch {shape.batch}, {shape.heads} heads, seqlen {shape.seqlen}, head_dim {shape.head_dim}, {shape.dtype}, "
         f"{'causal' if shape.causal else 'non-causal'}; {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, "

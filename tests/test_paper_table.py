@@ -1,7 +1,6 @@
 """scripts/paper_table.py on CPU: FLOP counts (analytic vs FlopCounterMode), the analytic HBM model,
 the ncu CSV parser on a hand-written sample, the ncu subprocess path with a fake `ncu`, and a smoke run."""
 
-import os
 import stat
 import sys
 import textwrap

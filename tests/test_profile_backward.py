@@ -1,7 +1,6 @@
 """scripts/profile_backward.py on CPU: kernel-name classification, per-iteration aggregation, and a smoke run."""
 
 import pytest
-import torch
 
 import kernels  # noqa: F401 - first, so the Triton backend is chosen before anything imports triton
 from scripts import profile_backward as pb
