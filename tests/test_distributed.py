@@ -167,6 +167,7 @@ def test_two_ddp_ranks_equal_one_process_which_resumes_their_checkpoint(tmp_path
     assert [s for s, _, _ in steps(two)] == [1, 2]
     log = (two / "train.log").read_text()
     assert log.count("step 2/4") == 1 and "ranks=2, parallel=ddp, micro_batch=2" in log
+    assert json.loads((two / SUMMARY_FILE).read_text())["ranks"] == 2  # tokens/s counts both ranks' tokens
     assert list((tmp_path / "scratch").glob("flash-gpt-rank*")) == []  # (torch keeps caches there too)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["scratch", "torchelastic", two.name])
     # One process continues the 2-rank run: the whole run equals the single-process one.

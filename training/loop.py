@@ -441,8 +441,9 @@ def _loop(run: Run, metrics: MetricsLogger) -> dict[str, Any]:
         summary["perf/tokens_per_s"] = cfg.batch_size * cfg.seq_len / steady
         if run.peak_flops:
             summary["perf/mfu"] = mfu(summary["perf/tokens_per_s"], run.flops_per_token, run.peak_flops)
-        if device.type == "cuda":
-            summary["perf/peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        if device.type == "cuda":  # the fullest GPU's peak: ranks can differ (FSDP's root, rank 0's extras)
+            summary["perf/peak_mem_gib"] = distributed.maximum(torch.cuda.max_memory_allocated(device) / 2**30, device)
+    summary["ranks"] = run.dist.world_size  # tokens/s above counts all ranks' tokens
     return summary
 
 
