@@ -20,10 +20,19 @@ P = e^{S − LSE}, and
 
     dV = Pᵀ dO,   dP = dO Vᵀ,   dS = P ∘ (dP − delta),   dK = scale · dSᵀ Q,   dQ = scale · dS K
 
-i.e. five matmuls (10·N²·d FLOPs per head, against 8·N²·d if P had been stored). To stay
-deterministic without atomics we run two passes: one program per key block accumulates dK and
-dV over all query blocks (and over the query heads of its GQA group), another per query block
-accumulates dQ over all key blocks. Each pass recomputes S (and dP), the price of determinism.
+i.e. five matmuls (10·N²·d FLOPs per head, against 8·N²·d if P had been stored). Two schedules:
+
+- deterministic (default): two passes without atomics. One program per key block accumulates dK
+  and dV over all query blocks (and over the query heads of its GQA group), another per query
+  block accumulates dQ over all key blocks. Each pass recomputes S and dP: 7 matmuls, the price
+  of determinism.
+- fused (deterministic=False, FA2's original schedule): the key-block programs also compute
+  their share scale · dS K of each query block's dQ and add it with float32 atomics into a
+  zeroed (B, H, N, d) buffer, cast to the input dtype at the end: 5 matmuls, but the order of
+  the adds, hence dQ's last bits, depends on scheduling.
+
+Under the causal mask the programs differ in length; REVERSE in the launch config starts the
+longest first (the last query blocks; the key-block kernels already start at theirs).
 
 Conventions: inputs in SDPA layout (batch, heads, seqlen, head_dim), any strides. Causal masks
 align bottom-right: query i sees keys j <= i + seqlen_k − seqlen_q (flash-attn's convention). A
@@ -132,10 +141,13 @@ def _fwd_kernel(
     stride_ob, stride_oh, stride_on, stride_od,
     heads_q, group, seqlen_q, seqlen_k, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, REVERSE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # grid (query blocks, heads, batch): the blocks of one head run together, so its K/V stay in L2
-    start_m = tl.program_id(0) * BLOCK_M
+    pid_m = tl.program_id(0)
+    if REVERSE:  # causal: the last query blocks see the most keys; launching them first shortens the tail
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    start_m = pid_m * BLOCK_M
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
     kvh = h // group  # GQA: query head h reads kv head h // (heads_q / heads_kv)
@@ -205,11 +217,11 @@ def _bwd_preprocess_kernel(
 
 
 @triton.jit
-def _bwd_dkdv_inner(
-    dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-    stride_qn, stride_qd, stride_don, stride_dod,
-    offs_n, offs_m0, offs_d, lo, hi, seqlen_q, offset, qk_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
+def _bwd_kv_inner(
+    dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+    stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
+    offs_n, offs_m0, offs_d, lo, hi, seqlen_q, offset, qk_scale, softmax_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     ELEM: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     d_ok = offs_d[None, :] < HEAD_DIM
@@ -229,25 +241,38 @@ def _bwd_dkdv_inner(
         dv = tl.dot(_mma_operand(p_t, ELEM, UPCAST), do, dv, input_precision=DOT_PRECISION)
         delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-        ds_t = p_t * (dp_t - delta[None, :])
-        dk = tl.dot(_mma_operand(ds_t, ELEM, UPCAST), q, dk, input_precision=DOT_PRECISION)
+        ds_t = _mma_operand(p_t * (dp_t - delta[None, :]), ELEM, UPCAST)
+        dk = tl.dot(ds_t, q, dk, input_precision=DOT_PRECISION)
+        if ATOMIC_DQ:
+            # the fused schedule's fifth matmul: this key block's share of dQ = scale · dS K for these
+            # rows (BLOCK_M, BLOCK_D), added in float32 to what the other key blocks' programs add.
+            # Relaxed: the sum is read only after the kernel ends, so no ordering is needed between adds.
+            dq = tl.dot(tl.trans(ds_t), k, input_precision=DOT_PRECISION) * softmax_scale
+            tl.atomic_add(dq_base + rows[:, None] * stride_dqn + offs_d[None, :] * stride_dqd, dq,
+                          mask=row_ok[:, None] & d_ok, sem="relaxed")
     return dk, dv
 
 
 @triton.jit
-def _bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV,
+def _bwd_kv_program(
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_dob, stride_doh, stride_don, stride_dod,
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
     heads_q, group, seqlen_q, seqlen_k, qk_scale, softmax_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, REVERSE: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    start_n = tl.program_id(0) * BLOCK_N  # grid (key blocks, kv heads, batch)
+    """One key block's dK and dV (and, with ATOMIC_DQ, its dQ share): the body of both kernels below."""
+    pid_n = tl.program_id(0)  # grid (key blocks, kv heads, batch)
+    if REVERSE:
+        pid_n = tl.num_programs(0) - 1 - pid_n
+    start_n = pid_n * BLOCK_N
     kvh = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
     ELEM: tl.constexpr = Q.dtype.element_ty
@@ -276,24 +301,82 @@ def _bwd_dkdv_kernel(
         h = kvh * group + g
         q_base = Q + b * stride_qb + h * stride_qh
         do_base = DO + b * stride_dob + h * stride_doh
+        dq_base = DQ + b * stride_dqb + h * stride_dqh
         row_base = (b * heads_q + h) * seqlen_q
-        dk, dv = _bwd_dkdv_inner(
-            dk, dv, k, v, q_base, do_base, LSE + row_base, DELTA + row_base,
-            stride_qn, stride_qd, stride_don, stride_dod,
-            offs_n, offs_m0, offs_d, lo, tl.minimum(full_start, seqlen_q), seqlen_q, offset, qk_scale,
-            HEAD_DIM, BLOCK_M, True, ELEM, UPCAST, DOT_PRECISION,
+        dk, dv = _bwd_kv_inner(
+            dk, dv, k, v, q_base, do_base, LSE + row_base, DELTA + row_base, dq_base,
+            stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
+            offs_n, offs_m0, offs_d, lo, tl.minimum(full_start, seqlen_q), seqlen_q, offset, qk_scale, softmax_scale,
+            HEAD_DIM, BLOCK_M, True, ATOMIC_DQ, ELEM, UPCAST, DOT_PRECISION,
         )
-        dk, dv = _bwd_dkdv_inner(
-            dk, dv, k, v, q_base, do_base, LSE + row_base, DELTA + row_base,
-            stride_qn, stride_qd, stride_don, stride_dod,
-            offs_n, offs_m0, offs_d, full_start, seqlen_q, seqlen_q, offset, qk_scale,
-            HEAD_DIM, BLOCK_M, False, ELEM, UPCAST, DOT_PRECISION,
+        dk, dv = _bwd_kv_inner(
+            dk, dv, k, v, q_base, do_base, LSE + row_base, DELTA + row_base, dq_base,
+            stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
+            offs_n, offs_m0, offs_d, full_start, seqlen_q, seqlen_q, offset, qk_scale, softmax_scale,
+            HEAD_DIM, BLOCK_M, False, ATOMIC_DQ, ELEM, UPCAST, DOT_PRECISION,
         )
     dk = dk * softmax_scale
     tl.store(DK + b * stride_dkb + kvh * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
              _mma_operand(dk, ELEM, UPCAST).to(ELEM), mask=kv_ok)
     tl.store(DV + b * stride_dvb + kvh * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
              _mma_operand(dv, ELEM, UPCAST).to(ELEM), mask=kv_ok)
+
+
+@triton.jit
+def _bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    heads_q, group, seqlen_q, seqlen_k, qk_scale, softmax_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, REVERSE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Deterministic pass 1: dK, dV only (DK stands in for the unused dQ pointer)."""
+    _bwd_kv_program(
+        Q, K, V, DO, LSE, DELTA, DK, DV, DK,
+        stride_qb, stride_qh, stride_qn, stride_qd,
+        stride_kb, stride_kh, stride_kn, stride_kd,
+        stride_vb, stride_vh, stride_vn, stride_vd,
+        stride_dob, stride_doh, stride_don, stride_dod,
+        stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+        stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+        0, 0, 0, 0,
+        heads_q, group, seqlen_q, seqlen_k, qk_scale, softmax_scale,
+        HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, REVERSE, False, UPCAST, DOT_PRECISION,
+    )
+
+
+@triton.jit
+def _bwd_fused_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
+    heads_q, group, seqlen_q, seqlen_k, qk_scale, softmax_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, REVERSE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Single-pass backward: dK, dV as above, dQ atomically added into the float32 buffer DQ (zeroed)."""
+    _bwd_kv_program(
+        Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
+        stride_qb, stride_qh, stride_qn, stride_qd,
+        stride_kb, stride_kh, stride_kn, stride_kd,
+        stride_vb, stride_vh, stride_vn, stride_vd,
+        stride_dob, stride_doh, stride_don, stride_dod,
+        stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+        stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+        stride_dqb, stride_dqh, stride_dqn, stride_dqd,
+        heads_q, group, seqlen_q, seqlen_k, qk_scale, softmax_scale,
+        HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, REVERSE, True, UPCAST, DOT_PRECISION,
+    )
 
 
 @triton.jit
@@ -331,9 +414,12 @@ def _bwd_dq_kernel(
     stride_dqb, stride_dqh, stride_dqn, stride_dqd,
     heads_q, group, seqlen_q, seqlen_k, qk_scale, softmax_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, REVERSE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    start_m = tl.program_id(0) * BLOCK_M  # grid (query blocks, heads, batch)
+    pid_m = tl.program_id(0)  # grid (query blocks, heads, batch)
+    if REVERSE:  # longest (causal: last) query blocks first, as in the forward
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    start_m = pid_m * BLOCK_M
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
     kvh = h // group
@@ -379,24 +465,35 @@ def _bwd_dq_kernel(
 
 @dataclasses.dataclass(frozen=True)
 class KernelConfig:
-    """Tile sizes and launch knobs of one kernel (BLOCK_M query rows × BLOCK_N keys)."""
+    """Tile sizes and launch knobs of one kernel (BLOCK_M query rows × BLOCK_N keys).
+
+    REVERSE: program i takes block (number of blocks − 1 − i). The GPU starts programs roughly in
+    index order, so this decides which blocks run in the last, partly idle wave; under the causal
+    mask the longest should start first (the last query blocks, the first key blocks)."""
 
     BLOCK_M: int
     BLOCK_N: int
     num_warps: int = 4
     num_stages: int = 2
+    REVERSE: bool = False
+
+    def launch_kwargs(self) -> dict:
+        return dict(BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, REVERSE=self.REVERSE,
+                    num_warps=self.num_warps, num_stages=self.num_stages)
 
 
+# forward, deterministic backward (dK/dV pass, dQ pass) and the single-pass atomic-dQ backward
+KERNELS = ("fwd", "bwd_dkdv", "bwd_dq", "bwd_fused")
 _forced: dict[str, dict[str, int]] = {}
 
 
 @contextlib.contextmanager
 def forced_config(kernel: str = "fwd", **fields: int) -> Iterator[None]:
-    """Force launch-config fields of one kernel ("fwd", "bwd_dkdv" or "bwd_dq") inside a `with`
-    block, e.g. ``forced_config("fwd", BLOCK_N=32)`` for the paper's block-size study. Fields
-    not given keep the table's choice."""
-    if kernel not in ("fwd", "bwd_dkdv", "bwd_dq"):
-        raise ValueError(f"kernel must be 'fwd', 'bwd_dkdv' or 'bwd_dq', got {kernel!r}")
+    """Force launch-config fields of one kernel (one of KERNELS) inside a `with` block, e.g.
+    ``forced_config("fwd", BLOCK_N=32)`` for the paper's block-size study. Fields not given keep
+    the table's choice."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {', '.join(map(repr, KERNELS))}, got {kernel!r}")
     unknown = set(fields) - set(KernelConfig.__dataclass_fields__)
     if unknown:
         raise ValueError(f"unknown config fields {sorted(unknown)}; expected some of {list(KernelConfig.__dataclass_fields__)}")
@@ -423,8 +520,9 @@ def kernel_config(kernel: str, block_d: int, dtype: torch.dtype, causal: bool) -
     blocks because its cost grows with the number of programs × key blocks, not with tile size.
     The GPU entries are the fastest of scripts/tune_flash.py's sweeps on an H200 (bf16, N=8192,
     16 heads, d=64 and 128, non-causal; docs/perf-notes.md); float32 and d=256 get smaller tiles
-    to fit. `causal` is part of the key so causal-specific entries can be added; today both
-    settings share one table.
+    to fit. `causal` only sets REVERSE (longest programs first: the query-block kernels reverse,
+    the key-block kernels already start at their longest); tiles are shared by both settings.
+    The bwd_fused entries are first guesses (FA2's 64 × 128 for d=64) until tune_flash.py has run.
     """
     if interpreting():
         default = KernelConfig(64, 64)
@@ -437,8 +535,11 @@ def kernel_config(kernel: str, block_d: int, dtype: torch.dtype, causal: bool) -
         default = KernelConfig(32, 32, num_warps=8, num_stages=2)
     elif kernel == "bwd_dkdv":  # programs own BLOCK_N keys (dK, dV accumulators) and stream BLOCK_M queries
         default = KernelConfig(32, 128, num_warps=4, num_stages=3) if block_d <= 64 else KernelConfig(64, 64, num_warps=4, num_stages=2)
+    elif kernel == "bwd_fused":  # as bwd_dkdv, plus a (BLOCK_M, d) dQ tile added atomically per step
+        default = KernelConfig(64, 128, num_warps=8, num_stages=2) if block_d <= 64 else KernelConfig(64, 64, num_warps=4, num_stages=2)
     else:  # bwd_dq: programs own BLOCK_M queries and stream BLOCK_N keys
         default = KernelConfig(128, 64, num_warps=8, num_stages=3)
+    default = dataclasses.replace(default, REVERSE=causal and kernel in ("fwd", "bwd_dq"))
     return dataclasses.replace(default, **_forced.get(kernel, {}))
 
 
@@ -470,8 +571,7 @@ def _flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     _fwd_kernel[grid](
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E,
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, CAUSAL=causal,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,
+        CAUSAL=causal, **cfg.launch_kwargs(), **consts,
     )
     return o, lse
 
@@ -497,8 +597,7 @@ def _bwd_dkdv(do, q, k, v, lse, delta, causal: bool, scale: float) -> tuple[torc
         q, k, v, do, lse, delta, dk, dv,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
         heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E, scale,
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, CAUSAL=causal,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,
+        CAUSAL=causal, **cfg.launch_kwargs(), **consts,
     )
     return dk, dv
 
@@ -513,17 +612,36 @@ def _bwd_dq(do, q, k, v, lse, delta, causal: bool, scale: float) -> torch.Tensor
         q, k, v, do, lse, delta, dq,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
         heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E, scale,
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, CAUSAL=causal,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,
+        CAUSAL=causal, **cfg.launch_kwargs(), **consts,
     )
     return dq
 
 
+def _bwd_fused(do, q, k, v, lse, delta, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    batch, heads_q, seqlen_q, _ = q.shape
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    consts = _launch_args(q)
+    cfg = kernel_config("bwd_fused", consts["BLOCK_D"], q.dtype, causal)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    # every key block adds its share of dQ here: float32 (exact adds of the tiles; bf16 atomics also
+    # lack interpreter support), zeroed, in q's layout so the final cast keeps it
+    dq_acc = torch.zeros_like(q, dtype=torch.float32)
+    _bwd_fused_kernel[(triton.cdiv(seqlen_k, cfg.BLOCK_N), heads_kv, batch)](
+        q, k, v, do, lse, delta, dk, dv, dq_acc,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *dq_acc.stride(),
+        heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E, scale,
+        CAUSAL=causal, **cfg.launch_kwargs(), **consts,
+    )
+    return dq_acc.to(q.dtype), dk, dv  # the cast is a no-op for float32 inputs
+
+
 def _flash_backward(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-    causal: bool, scale: float,
+    causal: bool, scale: float, deterministic: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     delta = _bwd_preprocess(o, do, lse)
+    if not deterministic:
+        return _bwd_fused(do, q, k, v, lse, delta, causal, scale)
     dk, dv = _bwd_dkdv(do, q, k, v, lse, delta, causal, scale)
     dq = _bwd_dq(do, q, k, v, lse, delta, causal, scale)
     return dq, dk, dv
@@ -535,12 +653,16 @@ def _flash_backward(
 
 
 @torch.library.custom_op("flashgpt::flash_attn_fwd", mutates_args=())
-def flash_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def flash_attn_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, deterministic: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # `deterministic` does not change the forward: it is an input here so that autograd's
+    # setup_context can hand it to the backward op
     return _flash_forward(q, k, v, causal, scale)
 
 
 @flash_attn_fwd.register_fake
-def _(q, k, v, causal, scale):
+def _(q, k, v, causal, scale, deterministic=True):
     batch, heads_q, seqlen_q, _ = q.shape
     return torch.empty_like(q), q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
 
@@ -548,27 +670,27 @@ def _(q, k, v, causal, scale):
 @torch.library.custom_op("flashgpt::flash_attn_bwd", mutates_args=())
 def flash_attn_bwd(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-    causal: bool, scale: float,
+    causal: bool, scale: float, deterministic: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _flash_backward(do, q, k, v, o, lse, causal, scale)
+    return _flash_backward(do, q, k, v, o, lse, causal, scale, deterministic)
 
 
 @flash_attn_bwd.register_fake
-def _(do, q, k, v, o, lse, causal, scale):
+def _(do, q, k, v, o, lse, causal, scale, deterministic=True):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, causal, scale = inputs
+    q, k, v, causal, scale, deterministic = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
-    ctx.causal, ctx.scale = causal, scale
+    ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
 
 
 def _backward(ctx, do, _dlse):
     q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = flash_attn_bwd(do, q, k, v, o, lse, ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None
+    dq, dk, dv = flash_attn_bwd(do, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic)
+    return dq, dk, dv, None, None, None
 
 
 flash_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -582,6 +704,7 @@ def _fwd_flops(q_shape, k_shape, v_shape, causal, scale, *args, **kwargs) -> int
 
 @register_flop_formula(torch.ops.flashgpt.flash_attn_bwd)
 def _bwd_flops(do_shape, q_shape, k_shape, v_shape, o_shape, lse_shape, causal, scale, *args, **kwargs) -> int:
+    # the algorithm's 5 matmuls for both schedules (the two-pass one executes 7; kernels/flops.py)
     batch, heads_q, seqlen_q, head_dim = q_shape
     return attention_flops(batch, heads_q, seqlen_q, k_shape[2], head_dim, causal, "bwd")
 
@@ -591,7 +714,9 @@ def _bwd_flops(do_shape, q_shape, k_shape, v_shape, o_shape, lse_shape, causal, 
 # ----------------------------------------------------------------------------------------------
 
 
-def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float | None) -> None:
+def _check_inputs(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float | None, deterministic: bool = True,
+) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -620,12 +745,15 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
         raise ValueError(f"q has {q.shape[1]} heads, which is not a multiple of the {k.shape[1]} heads of k and v (grouped-query attention needs heads_q % heads_kv == 0)")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     if softmax_scale is not None and not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale)):
         raise ValueError(f"softmax_scale must be a finite number or None, got {softmax_scale!r}")
 
 
 def flash_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, softmax_scale: float | None = None,
+    deterministic: bool = True,
 ) -> torch.Tensor:
     """Exact attention softmax(q kᵀ · softmax_scale) v, computed tile by tile in SRAM.
 
@@ -636,12 +764,16 @@ def flash_attention(
         causal: mask keys after the query, aligned bottom-right when seqlen_q != seqlen_k
             (query i sees keys j <= i + seqlen_k - seqlen_q); rows that see no key give zeros.
         softmax_scale: defaults to 1 / sqrt(head_dim).
+        deterministic: True (default) runs the two-pass backward, bitwise repeatable. False runs
+            the single-pass backward (5 matmuls instead of 7) whose dQ is summed with float32
+            atomic adds in whatever order the GPU schedules them, so dQ may differ in its last
+            bits from run to run; the forward is the same either way.
 
     Returns:
         (batch, heads_q, seqlen_q, head_dim), in q's dtype and memory layout. Differentiable in
         q, k and v; usable under torch.compile(fullgraph=True).
     """
-    _check_inputs(q, k, v, causal, softmax_scale)
+    _check_inputs(q, k, v, causal, softmax_scale, deterministic)
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    o, _ = flash_attn_fwd(q, k, v, causal, scale)
+    o, _ = flash_attn_fwd(q, k, v, causal, scale, deterministic)
     return o

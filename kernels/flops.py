@@ -15,8 +15,9 @@ i.e. the usual "halved" figure up to a 1/N term. Softmax and elementwise work ar
 (as in the FlashAttention papers and PyTorch's FlopCounterMode).
 
 Note: our deterministic backward runs separate dK/dV and dQ passes, so it executes the
-QKᵀ and dO Vᵀ products twice (7 matmuls, 14·d·pairs). The formula above is the algorithm's
-count (what FlopCounterMode reports and what TFLOP/s figures use, as for every FlashAttention
+QKᵀ and dO Vᵀ products twice (7 matmuls, 14·d·pairs); the single-pass one (deterministic=False,
+atomic dQ adds) executes the 5. The formula above is the algorithm's count for both (what
+FlopCounterMode reports and what TFLOP/s figures use, as for every FlashAttention
 implementation); docs/perf-notes.md discusses the executed count.
 """
 from __future__ import annotations

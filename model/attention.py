@@ -78,12 +78,16 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, backend: str =
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
 
 
-def _load_flash() -> AttendFn:
+def _load_flash(deterministic: bool = True) -> AttendFn:
+    """Our kernel; deterministic=False picks its single-pass backward (5 matmuls instead of 7;
+    dQ summed by atomic adds, so not bitwise repeatable)."""
+    if not isinstance(deterministic, bool):
+        raise ValueError(f"attention.deterministic must be true or false (got {deterministic!r})")
     # Imported on demand so naive/sdpa work even where the kernel package cannot load.
     from kernels import flash_attention
 
     def flash(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
-        return flash_attention(q, k, v, causal=causal)
+        return flash_attention(q, k, v, causal=causal, deterministic=deterministic)
 
     return flash
 

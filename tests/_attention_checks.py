@@ -83,11 +83,12 @@ def assert_within_rule(name: str, got: torch.Tensor, ref: torch.Tensor, standard
     )
 
 
-def check_against_reference(q, k, v, causal, softmax_scale=None):
-    """Run kernel, float64 reference and the plain-dtype standard; apply the exactness rule."""
+def check_against_reference(q, k, v, causal, softmax_scale=None, deterministic=True):
+    """Run kernel, float64 reference and the plain-dtype standard; apply the exactness rule.
+    `deterministic` picks the kernel's backward (False: the single-pass one with atomic dQ)."""
     do = torch.randn(q.shape, device=q.device, dtype=torch.float64)
     kw = dict(causal=causal, softmax_scale=softmax_scale)
-    out, grads = run_fwd_bwd(flash_attention, q, k, v, do, **kw)
+    out, grads = run_fwd_bwd(flash_attention, q, k, v, do, deterministic=deterministic, **kw)
     ref, ref_grads = run_fwd_bwd(attention_reference, *float64(q, k, v), do, **kw)
     std, std_grads = run_fwd_bwd(attention_reference, q, k, v, do, dtype=None, **kw)
     assert out.dtype == q.dtype and out.shape == q.shape

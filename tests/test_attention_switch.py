@@ -45,10 +45,16 @@ def test_switch_names_mirror_the_attention_config_group():
     assert sdpa_backend == "auto"
 
 
-def test_flash_goes_through_the_kernel():
-    attend = get_attention("flash")
-    q, k, v = torch.randn(3, 1, 2, 24, 16).unbind(0)
-    torch.testing.assert_close(attend(q, k, v, causal=True).double(), reference(q, k, v, True), atol=1e-5, rtol=0)
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_flash_goes_through_the_kernel(deterministic):
+    attend = get_attention("flash", deterministic=deterministic)
+    q, k, v = (torch.randn(1, 2, 24, 16, requires_grad=True) for _ in range(3))
+    out = attend(q, k, v, causal=True)
+    torch.testing.assert_close(out.double(), reference(q, k, v, True), atol=1e-5, rtol=0)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    want = torch.autograd.grad(reference(q, k, v, True).sum(), (q, k, v))
+    for got, ref in zip(grads, want):
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize(
@@ -57,6 +63,7 @@ def test_flash_goes_through_the_kernel():
         ("flashy", {}, "attention.name='flashy' is unknown; choose one of naive, sdpa, flash"),
         ("sdpa", {"backend": "fast"}, "attention.backend='fast' is not one of auto, " + ", ".join(SDPA_BACKENDS)),
         ("naive", {"backend": "math"}, "attention=naive does not accept options ['backend']"),
+        ("flash", {"deterministic": "no"}, "attention.deterministic must be true or false (got 'no')"),
     ],
 )
 def test_bad_choices_fail_loudly(name, options, message):

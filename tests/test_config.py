@@ -10,6 +10,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from conftest import CONFIGS, REPO, compose_config
 from training.config import ConfigError, validate_config
+from training.metrics import attention_label
 
 OWN_GROUPS = ["attention", "model", "logger", "experiment"]  # configs/data/ belongs to data/
 
@@ -49,6 +50,15 @@ def test_sdpa_backend_override():
     assert cfg.attention.backend == "cudnn"
 
 
+def test_flash_deterministic_defaults_true_and_false_gets_its_own_label():
+    cfg = compose_config()
+    validate_config(cfg)
+    assert cfg.attention.deterministic is True and attention_label(cfg) == "flash"
+    cfg = compose_config("attention.deterministic=false")
+    validate_config(cfg)
+    assert attention_label(cfg) == "flash-fused"  # run names tell the two backward schedules apart
+
+
 @pytest.mark.parametrize("path", [p for g in [".", *OWN_GROUPS] for p in sorted((CONFIGS / g).glob("*.yaml"))], ids=str)
 def test_every_key_has_a_comment(path: Path):
     for n, line in enumerate(path.read_text().splitlines(), 1):
@@ -85,6 +95,7 @@ def test_experiments_show_their_command():
             "attention.backend must be one of auto, cudnn, flash, efficient, math (got 'fast')",
         ),
         (["attention.name=flashy"], "attention.name='flashy' is unknown; choose one of naive, sdpa, flash"),
+        (["attention.deterministic=maybe"], "attention.deterministic must be true or false (got 'maybe')"),
     ],
 )
 def test_invalid_values_name_the_field(overrides, message):

@@ -4,10 +4,12 @@ attention computed in the input dtype, plus 1e-5.
 
 Runs through the Triton interpreter on a CPU (importing `kernels` switches it on) and compiled
 on a GPU. Fresh random inputs every run; every output buffer is poisoned with NaN first, so an
-element the kernel forgets to write fails the test.
+element the kernel forgets to write fails the test. The single-pass backward
+(deterministic=False) is held to the same rule on a subset of the shapes.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 
@@ -16,7 +18,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from kernels import attention_flops, flash_attention
-from kernels.flash_attention import forced_config, kernel_config
+from kernels.flash_attention import KERNELS, forced_config, kernel_config
 from _attention_checks import (  # noqa: F401  poisoned_outputs is a fixture
     DEVICE, DTYPES, check_against_reference, make_qkv, poisoned_outputs, run_fwd_bwd,
 )
@@ -36,13 +38,29 @@ SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+# The fused backward's own risks are dQ tiles added by several key-block programs (seqlen_k > 64),
+# by the query heads of one GQA group, and rows that see no key (causal 257 × 130: rows 0..126).
+FUSED_SHAPES = [SHAPES[0], SHAPES[1], SHAPES[4], SHAPES[5], SHAPES[6]]
+shape_ids = lambda s: "b{}-q{}-k{}-d{}-h{}:{}".format(*s)  # noqa: E731
+dtype_ids = lambda d: str(d).removeprefix("torch.")  # noqa: E731
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_ids)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}-q{}-k{}-d{}-h{}:{}".format(*s))
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_ids)
 def test_matches_float64_reference(shape, causal, dtype, poisoned_outputs):
     batch, seqlen_q, seqlen_k, head_dim, heads_q, heads_kv = shape
     q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype)
     check_against_reference(q, k, v, causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_ids)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", FUSED_SHAPES, ids=shape_ids)
+def test_fused_backward_matches_float64_reference(shape, causal, dtype, poisoned_outputs):
+    batch, seqlen_q, seqlen_k, head_dim, heads_q, heads_kv = shape
+    q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype)
+    check_against_reference(q, k, v, causal, deterministic=False)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bfloat16", "float32"])
@@ -76,30 +94,35 @@ def test_output_keeps_query_memory_layout():
 def test_backward_is_deterministic():
     q, k, v = make_qkv(1, 2, 1, 130, 130, 32, torch.bfloat16)
     do = torch.randn(q.shape, device=DEVICE, dtype=torch.float64)
-    _, first = run_fwd_bwd(flash_attention, q, k, v, do, causal=True)
-    _, second = run_fwd_bwd(flash_attention, q, k, v, do, causal=True)
+    _, first = run_fwd_bwd(flash_attention, q, k, v, do, causal=True)  # the default is deterministic
+    _, second = run_fwd_bwd(flash_attention, q, k, v, do, causal=True, deterministic=True)
     for name, a, b in zip(("dQ", "dK", "dV"), first, second):
         assert torch.equal(a, b), f"{name} differs between two identical backward passes"
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
-def test_rows_that_see_no_key_give_zeros_and_zero_gradients(dtype, poisoned_outputs):
+@pytest.mark.parametrize(
+    "dtype, deterministic", [*((d, True) for d in DTYPES), (torch.bfloat16, False)],
+    ids=[*map(dtype_ids, DTYPES), "bfloat16-fused"],
+)
+def test_rows_that_see_no_key_give_zeros_and_zero_gradients(dtype, deterministic, poisoned_outputs):
     # causal with seqlen_q > seqlen_k: query i sees keys j <= i - 50, so rows 0..49 see nothing
     q, k, v = make_qkv(1, 2, 2, 120, 70, 32, dtype)
     do = torch.randn(q.shape, device=DEVICE, dtype=torch.float64)
-    out, (dq, dk, dv) = run_fwd_bwd(flash_attention, q, k, v, do, causal=True)
+    out, (dq, dk, dv) = run_fwd_bwd(flash_attention, q, k, v, do, causal=True, deterministic=deterministic)
     assert not any(t.isnan().any() for t in (out, dq, dk, dv))
     assert torch.equal(out[:, :, :50], torch.zeros_like(out[:, :, :50]))
     assert torch.equal(dq[:, :, :50], torch.zeros_like(dq[:, :, :50]))
-    check_against_reference(q, k, v, causal=True)
+    check_against_reference(q, k, v, causal=True, deterministic=deterministic)
 
 
-def test_flop_counter_sees_forward_and_recomputing_backward():
+@pytest.mark.parametrize("deterministic", [True, False], ids=["two-pass", "fused"])
+def test_flop_counter_sees_forward_and_recomputing_backward(deterministic):
+    # both schedules report the algorithm's 5 backward matmuls (the two-pass one executes 7)
     batch, heads, seqlen, head_dim = 1, 2, 96, 32
     for causal in (False, True):
         q, k, v = make_qkv(batch, heads, heads, seqlen, seqlen, head_dim, torch.float32)
         with FlopCounterMode(display=False) as counter:
-            flash_attention(q, k, v, causal=causal).sum().backward()
+            flash_attention(q, k, v, causal=causal, deterministic=deterministic).sum().backward()
         counts = counter.get_flop_counts()["Global"]
         fwd = counts[torch.ops.flashgpt.flash_attn_fwd]
         bwd = counts[torch.ops.flashgpt.flash_attn_bwd]
@@ -110,25 +133,63 @@ def test_flop_counter_sees_forward_and_recomputing_backward():
         assert fwd == attention_flops(batch, heads, seqlen, seqlen, head_dim, causal, "fwd")
 
 
-def test_torch_compile_fullgraph_forward_and_backward():
+@pytest.mark.parametrize("deterministic", [True, False], ids=["two-pass", "fused"])
+def test_torch_compile_fullgraph_forward_and_backward(deterministic):
     q, k, v = make_qkv(1, 2, 1, 40, 40, 16, torch.float32)
     do = torch.randn(q.shape, device=DEVICE, dtype=torch.float64)
 
     def block(q, k, v):
-        return flash_attention(q * 2.0, k, v, causal=True) + 1.0
+        return flash_attention(q * 2.0, k, v, causal=True, deterministic=deterministic) + 1.0
 
     torch._dynamo.reset()
     compiled = torch.compile(block, fullgraph=True, backend="aot_eager" if DEVICE == "cpu" else "inductor")
     got, got_grads = run_fwd_bwd(compiled, q, k, v, do)
     want, want_grads = run_fwd_bwd(block, q, k, v, do)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # the fused backward's dQ sums its atomic adds in a scheduling-dependent order on a GPU
+    exact = 0 if deterministic or DEVICE == "cpu" else 1e-6
     for a, b in zip(got_grads, want_grads):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, b, rtol=exact, atol=exact)
 
 
 def test_softmax_scale_defaults_to_inverse_sqrt_head_dim():
     q, k, v = make_qkv(1, 1, 1, 20, 20, 16, torch.float32, requires_grad=False)
     assert torch.equal(flash_attention(q, k, v), flash_attention(q, k, v, softmax_scale=1 / math.sqrt(16)))
+
+
+def test_deterministic_flag_picks_the_backward(monkeypatch):
+    fa = sys.modules["kernels.flash_attention"]  # the package's name `flash_attention` is the function
+    calls = []
+    for name in ("_bwd_dkdv", "_bwd_dq", "_bwd_fused"):
+        launcher = getattr(fa, name)
+        monkeypatch.setattr(fa, name, lambda *a, _name=name, _launch=launcher: calls.append(_name) or _launch(*a))
+    q, k, v = make_qkv(1, 2, 1, 20, 20, 16, torch.float32)
+    for deterministic, expected in ((True, ["_bwd_dkdv", "_bwd_dq"]), (False, ["_bwd_fused"])):
+        calls.clear()
+        flash_attention(q, k, v, deterministic=deterministic).sum().backward()
+        assert calls == expected
+
+
+def test_reversed_program_order_gives_the_same_result():
+    # REVERSE only renumbers the programs: outputs and dK, dV are bitwise the same; the fused
+    # backward's dQ adds its key blocks' shares in another order, equal up to float32 rounding
+    assert kernel_config("fwd", 32, torch.float32, True).REVERSE and kernel_config("bwd_dq", 32, torch.float32, True).REVERSE
+    assert not any(kernel_config(name, 32, torch.float32, False).REVERSE for name in KERNELS)
+    q, k, v = make_qkv(1, 2, 1, 150, 140, 32, torch.float32)
+    do = torch.randn(q.shape, device=DEVICE, dtype=torch.float64)
+    runs = {}
+    for flipped in (False, True):
+        with contextlib.ExitStack() as stack:
+            for name in KERNELS:
+                if flipped:
+                    stack.enter_context(forced_config(name, REVERSE=not kernel_config(name, 32, torch.float32, True).REVERSE))
+            runs[flipped] = [run_fwd_bwd(flash_attention, q, k, v, do, causal=True, deterministic=d) for d in (True, False)]
+    (out, grads), (fused_out, fused_grads) = runs[False]
+    (out_r, grads_r), (fused_out_r, fused_grads_r) = runs[True]
+    assert torch.equal(out, out_r) and torch.equal(fused_out, fused_out_r)
+    assert all(torch.equal(a, b) for a, b in zip(grads, grads_r))
+    assert all(torch.equal(a, b) for a, b in zip(fused_grads[1:], fused_grads_r[1:]))
+    torch.testing.assert_close(fused_grads[0], fused_grads_r[0], rtol=1e-5, atol=1e-6)
 
 
 def test_forced_block_sizes_give_the_same_result():
@@ -173,6 +234,11 @@ def test_bad_arguments_raise_clear_errors():
         flash_attention(q, k, v, causal="yes")
     with pytest.raises(ValueError, match="softmax_scale must be a finite number"):
         flash_attention(q, k, v, softmax_scale=float("nan"))
+    with pytest.raises(TypeError, match="deterministic must be a bool"):
+        flash_attention(q, k, v, deterministic=None)
+    with pytest.raises(ValueError, match="kernel must be one of 'fwd', 'bwd_dkdv', 'bwd_dq', 'bwd_fused'"):
+        with forced_config("bwd"):
+            pass
 
 
 def test_mixed_devices_raise():
@@ -196,9 +262,11 @@ def test_meta_tensors_trace_shapes_without_a_kernel(monkeypatch):
     q = torch.randn(2, 4, 33, 16, device="meta", requires_grad=True)
     k = torch.randn(2, 2, 40, 16, device="meta", requires_grad=True)
     v = torch.randn(2, 2, 40, 16, device="meta", requires_grad=True)
-    out = flash_attention(q, k, v, causal=True)
-    assert out.device.type == "meta" and out.shape == q.shape
-    out.sum().backward()
-    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+    for deterministic in (True, False):
+        out = flash_attention(q, k, v, causal=True, deterministic=deterministic)
+        assert out.device.type == "meta" and out.shape == q.shape
+        q.grad = k.grad = v.grad = None
+        out.sum().backward()
+        assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
     with pytest.raises(ValueError, match="needs a CUDA device"):
         flash_attention(*(torch.randn(1, 1, 4, 16) for _ in range(3)))  # real CPU tensors still refused

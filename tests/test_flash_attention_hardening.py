@@ -89,6 +89,7 @@ def attention_problems(draw: st.DrawFn) -> dict:
         batch=batch, heads_q=heads_kv * group, heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
         head_dim=head_dim, causal=causal, softmax_scale=scale,
         layouts=draw(st.tuples(*[st.sampled_from(LAYOUTS)] * 3)), seed=draw(st.integers(0, 2**31 - 1)),
+        deterministic=draw(st.booleans()),  # False: the single-pass backward with atomic dQ adds
     )
 
 
@@ -104,7 +105,7 @@ def test_random_problems_match_float64_reference(dtype, problem):
         shape = [p[key] for key in ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim")]
         qkv = make_qkv(*shape, dtype, requires_grad=False)
         q, k, v = (with_layout(t, layout) for t, layout in zip(qkv, p["layouts"]))
-        check_against_reference(q, k, v, p["causal"], p["softmax_scale"])
+        check_against_reference(q, k, v, p["causal"], p["softmax_scale"], p["deterministic"])
 
 
 def test_layouts_reach_the_kernel_with_their_strides(monkeypatch):

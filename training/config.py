@@ -94,6 +94,9 @@ def validate_config(cfg: DictConfig, world_size: int = 1) -> None:
     if a.name == "sdpa":
         backends = ("auto", *SDPA_BACKENDS)
         _require(a.backend in backends, f"attention.backend must be one of {', '.join(backends)} (got {a.backend!r})")
+    if a.name == "flash":
+        deterministic = a.get("deterministic", True)
+        _require(isinstance(deterministic, bool), f"attention.deterministic must be true or false (got {deterministic!r})")
 
 
 def resolve_device(cfg: DictConfig) -> torch.device:

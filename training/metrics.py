@@ -21,7 +21,10 @@ SUMMARY_FILE = "summary.json"
 
 
 def attention_label(cfg: DictConfig) -> str:
-    """naive, sdpa, sdpa-cudnn, flash: the attention choice including a pinned sdpa backend."""
+    """naive, sdpa, sdpa-cudnn, flash, flash-fused: the attention choice including a pinned sdpa
+    backend or flash's single-pass (deterministic=false) backward."""
+    if cfg.attention.name == "flash" and cfg.attention.get("deterministic", True) is False:
+        return "flash-fused"
     backend = cfg.attention.get("backend", "auto")
     return cfg.attention.name if backend == "auto" else f"{cfg.attention.name}-{backend}"
 
