@@ -1,10 +1,11 @@
 """The attention implementations the scripts compare, by name.
 
-naive, sdpa* and flash are the trainer's own (model/attention.py), so the benchmarks measure
-exactly what `train.py attention=...` runs; flex is benchmark-only.
+naive, sdpa*, flash and flash_fused are the trainer's own (model/attention.py), so the benchmarks
+measure exactly what `train.py attention=...` runs; flex is benchmark-only.
 
     naive           QKᵀ, scale, causal mask, softmax, @V in the input dtype: the paper's "standard attention"
-    flash           ours, kernels/flash_attention.py (Triton)
+    flash           ours, kernels/flash_attention.py (Triton), deterministic two-pass backward
+    flash_fused     ours with the single-pass atomic-dQ backward (attention=flash attention.deterministic=false)
     sdpa            torch scaled_dot_product_attention, PyTorch's own backend choice
     sdpa_cudnn, sdpa_flash, sdpa_efficient, sdpa_math   SDPA pinned to one backend (sdpa_kernel)
     flex            torch FlexAttention under torch.compile; causal through a block mask
@@ -21,7 +22,7 @@ from model.attention import get_attention
 from scripts._common import AttnFn
 
 SDPA_PINNED = {"sdpa_cudnn": "cudnn", "sdpa_flash": "flash", "sdpa_efficient": "efficient", "sdpa_math": "math"}
-IMPL_NAMES = ("naive", "flash", "sdpa", *SDPA_PINNED, "flex")
+IMPL_NAMES = ("naive", "flash", "flash_fused", "sdpa", *SDPA_PINNED, "flex")
 
 # How many compiled FlexAttention variants (one per shape: compiled with dynamic=False, as
 # FlexAttention is normally benchmarked) dynamo may keep before it silently falls back to eager.
@@ -60,6 +61,8 @@ def _factory(name: str) -> Callable[[], AttnFn]:
         return lambda: get_attention("sdpa", backend=SDPA_PINNED[name])
     if name == "flex":
         return _flex
+    if name == "flash_fused":
+        return lambda: get_attention("flash", deterministic=False)
     return lambda: get_attention(name)
 
 

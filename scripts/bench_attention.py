@@ -3,6 +3,7 @@ every attention implementation over seqlen × causal × head_dim × dtype.
 
     python scripts/bench_attention.py                           # full default sweep (H200: a few minutes)
     python scripts/bench_attention.py --impls flash sdpa --seqlens 4096 8192 --dtypes bf16 --causal true
+    python scripts/bench_attention.py --impls flash flash_fused sdpa --seqlens 8192 --dtypes bf16   # our two backwards
     python scripts/bench_attention.py --dtypes fp16 --append    # add points to an existing JSON
     python scripts/bench_attention.py --device cpu --quick      # smoke run without a GPU
 

@@ -141,10 +141,13 @@ def naive_hbm_bytes(shape: Shape) -> tuple[float, float]:
 def fused_hbm_bytes(shape: Shape, impl: str) -> tuple[float, float]:
     """(read, write) bytes of a fused (tiled) forward+backward: each kernel reads its operands once
     and writes its results once; re-reads of K/V tiles by other query blocks are assumed to hit L2.
-    Ours runs four kernels (forward, preprocess, dK/dV, dQ); SDPA's fused backends are modelled as
-    the compulsory traffic: q, k, v read and o written forward; q, k, v, o, dO read and dq, dk, dv
-    written backward. `nd` is one (B, H, N, d) tensor, `stat` one fp32 (B, H, N) row statistic."""
+    Ours runs four kernels (forward, preprocess, dK/dV, dQ); flash_fused replaces the last two by one
+    that adds dQ into a float32 buffer (zeroed first, atomics assumed to meet in L2, so the buffer
+    is read and written back once) and a cast. SDPA's fused backends are modelled as the compulsory
+    traffic: q, k, v read and o written forward; q, k, v, o, dO read and dq, dk, dv written backward.
+    `nd` is one (B, H, N, d) tensor, `nd32` the same in float32, `stat` one fp32 (B, H, N) row statistic."""
     nd = shape.batch * shape.heads * shape.seqlen * shape.head_dim * shape.elem
+    nd32 = shape.batch * shape.heads * shape.seqlen * shape.head_dim * 4
     stat = shape.batch * shape.heads * shape.seqlen * 4
     if impl == "flash":
         kernels = [  # (reads, writes)
@@ -152,6 +155,14 @@ def fused_hbm_bytes(shape: Shape, impl: str) -> tuple[float, float]:
             (2 * nd, stat),                     # preprocess: o, dO -> delta = rowsum(dO ∘ O)
             (4 * nd + 2 * stat, 2 * nd),        # dK/dV: q, k, v, dO, lse, delta -> dk, dv
             (4 * nd + 2 * stat, nd),            # dQ: q, k, v, dO, lse, delta -> dq
+        ]
+    elif impl == "flash_fused":
+        kernels = [
+            (3 * nd, nd + stat),                        # forward
+            (2 * nd, stat),                             # preprocess
+            (0, nd32),                                  # zero the float32 dQ buffer
+            (4 * nd + 2 * stat + nd32, 2 * nd + nd32),  # fused: q, k, v, dO, lse, delta, dQ buffer -> dk, dv, dQ buffer
+            (nd32, nd),                                 # cast dQ to the input dtype
         ]
     else:
         kernels = [(3 * nd, nd + stat), (5 * nd + stat, 3 * nd)]

@@ -5,6 +5,7 @@ attention over seqlen.
     python scripts/profile_backward.py                       # seqlen 1k..16k, bf16, d=64, causal and not
     python scripts/profile_backward.py --seqlens 8192 --causal true
     python scripts/profile_backward.py --device cpu --quick   # smoke run (no kernel times on CPU)
+    python scripts/profile_backward.py --impls flash flash_fused --seqlens 8192   # the two backward schedules
 
 What to expect from FLOPs alone: our backward recomputes S = QKᵀ (and P) from the saved
 log-sum-exp, 10·d·pairs against the forward's 4·d·pairs, a ratio of 2.5; naive keeps P and does
@@ -35,13 +36,15 @@ from scripts.bench_attention import CAUSAL_CHOICES, Point, bench_point
 
 KERNEL_CLASSES = ("fwd", "preprocess", "dkdv", "dq", "bwd_other", "other")
 BWD_CLASSES = ("preprocess", "dkdv", "dq", "bwd_other")
-FLOP_PASSES = {"flash": "bwd", "naive": "bwd_stored_p"}  # which backward each implementation runs
+FLOP_PASSES = {"flash": "bwd", "flash_fused": "bwd", "naive": "bwd_stored_p"}  # which backward each implementation runs
+DEFAULT_IMPLS = ["flash", "naive"]
 
 CONVENTION = (
     "fwd_ms, bwd_ms: medians from triton.testing.do_bench as in bench_attention (bwd = fwd+bwd - fwd). "
     "kernel_ms: GPU time per forward+backward of each of our kernels, summed from torch.profiler device "
     "events over --iters iterations after warm-up, classified by kernel name (_fwd -> fwd, preprocess, "
-    "dkdv, dq, other _bwd -> bwd_other, anything else, e.g. fills -> other). flop_ratio: backward/forward "
+    "dkdv, dq, other _bwd (flash_fused's single-pass _bwd_fused_kernel) -> bwd_other, anything else, e.g. fills and "
+    "flash_fused's dQ zeroing and cast -> other). flop_ratio: backward/forward "
     "FLOPs of the algorithm (2.5 recomputing, 2.0 keeping P)."
 )
 
@@ -99,7 +102,7 @@ def measure(point: Point, device: torch.device, iters: int, warmup_ms: float, re
            "bwd_fwd_ratio": None, "flop_ratio": bwd / fwd, "kernel_ms": None, "kernel_bwd_fwd_ratio": None, "status": timed["status"]}
     if timed["fwd_ms"] and timed["bwd_ms"] is not None:
         row["bwd_fwd_ratio"] = rounded(timed["bwd_ms"] / timed["fwd_ms"], 4)
-    if point.impl == "flash" and row["status"] == "ok":
+    if point.impl in ("flash", "flash_fused") and row["status"] == "ok":
         kernels, status = run_guarded(lambda: profile_kernels(point, device, iters), device, f"profile {point.impl} N={point.seqlen}")
         row["status"] = status
         if kernels is not None:
@@ -114,10 +117,11 @@ def make_impl_or_none(name: str, device: torch.device):
 
 
 TABLE = Table([
-    ("impl", "impl", 6, ""), ("seqlen", "N", 6, ""), ("batch", "B", 4, ""), ("causal", "causal", 6, ""),
+    ("impl", "impl", 11, ""), ("seqlen", "N", 6, ""), ("batch", "B", 4, ""), ("causal", "causal", 6, ""),
     ("fwd_ms", "fwd ms", 9, ".3f"), ("bwd_ms", "bwd ms", 9, ".3f"), ("bwd_fwd_ratio", "bwd/fwd", 7, ".2f"),
     ("flop_ratio", "FLOPs", 5, ".1f"), ("k_fwd", "k fwd", 8, ".3f"), ("k_preprocess", "k pre", 8, ".3f"),
-    ("k_dkdv", "k dkdv", 8, ".3f"), ("k_dq", "k dq", 8, ".3f"), ("k_other", "k other", 8, ".3f"),
+    ("k_dkdv", "k dkdv", 8, ".3f"), ("k_dq", "k dq", 8, ".3f"), ("k_bwd_other", "k fused", 8, ".3f"),
+    ("k_other", "k other", 8, ".3f"),
     ("kernel_bwd_fwd_ratio", "k bwd/fwd", 9, ".2f"), ("status", "status", 11, ""),
 ])
 
@@ -125,8 +129,7 @@ TABLE = Table([
 def flat(row: dict[str, Any]) -> dict[str, Any]:
     """The row with its kernel times as top-level k_* cells, for the tables."""
     kernels = row["kernel_ms"] or {}
-    other = None if not kernels else kernels["other"] + kernels["bwd_other"]
-    return {**row, **{f"k_{c}": kernels.get(c) for c in ("fwd", "preprocess", "dkdv", "dq")}, "k_other": other}
+    return {**row, **{f"k_{c}": kernels.get(c) for c in ("fwd", "preprocess", "dkdv", "dq", "bwd_other", "other")}}
 
 
 DEFAULTS = dict(seqlens=[1024, 2048, 4096, 8192, 16384], tokens=16384, heads=16, head_dim=64, iters=5, warmup_ms=25.0, rep_ms=50.0)
@@ -142,7 +145,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--head-dim", type=int, help=f"default {d['head_dim']}")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--causal", choices=CAUSAL_CHOICES, default="both")
-    p.add_argument("--impls", nargs="+", choices=tuple(FLOP_PASSES), default=list(FLOP_PASSES))
+    p.add_argument("--impls", nargs="+", choices=tuple(FLOP_PASSES), default=DEFAULT_IMPLS)
     p.add_argument("--iters", type=int, help=f"profiled forward+backward iterations (default {d['iters']})")
     p.add_argument("--device", help="cuda (default when present) or cpu")
     p.add_argument("--warmup-ms", type=float)

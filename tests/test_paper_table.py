@@ -88,7 +88,7 @@ def test_analytic_flops_recompute_vs_stored_p():
     assert nfwd == pytest.approx(4 * d * n * n * bh / 1e9) and nbwd == pytest.approx(2 * nfwd)
 
 
-@pytest.mark.parametrize("impl", ["naive", "flash"])
+@pytest.mark.parametrize("impl", ["naive", "flash", "flash_fused"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_flop_counter_agrees_with_analytic(impl, causal):
     shape = pt.Shape(batch=1, heads=2, seqlen=40, head_dim=16, dtype="float32", causal=causal)

@@ -16,6 +16,7 @@ from scripts._common import read_results
         ("_bwd_dkdv_kernel", "dkdv"),
         ("_attn_bwd_dkdv", "dkdv"),
         ("_bwd_dq_kernel", "dq"),
+        ("_bwd_fused_kernel", "bwd_other"),
         ("_attn_bwd_dq", "dq"),
         ("_attn_bwd", "bwd_other"),
         ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", "other"),
@@ -34,8 +35,10 @@ def test_kernel_ms_per_iter_sums_by_class():
 
 
 def test_flop_ratios_recompute_vs_stored_p(tmp_path):
-    rows = pb.main(["--device", "cpu", "--quick", "--heads", "1", "--causal", "true", "--iters", "1", "--out", str(tmp_path / "bp.json")])
-    assert [(r["impl"], r["flop_ratio"]) for r in rows] == [("flash", pytest.approx(2.5)), ("naive", pytest.approx(2.0))]
+    rows = pb.main(["--device", "cpu", "--quick", "--heads", "1", "--causal", "true", "--iters", "1", "--out", str(tmp_path / "bp.json"),
+                    "--impls", "flash", "flash_fused", "naive"])
+    assert [(r["impl"], r["flop_ratio"]) for r in rows] == [
+        ("flash", pytest.approx(2.5)), ("flash_fused", pytest.approx(2.5)), ("naive", pytest.approx(2.0))]
     data = read_results(tmp_path / "bp.json")
     assert data["rows"] == rows and "convention" in data["meta"]
     for row in rows:

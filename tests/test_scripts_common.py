@@ -113,7 +113,7 @@ def test_table_text_and_markdown():
 
 
 def test_impl_registry_names_and_defaults():
-    assert set(IMPL_NAMES) == {"naive", "flash", "sdpa", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math", "flex"}
+    assert set(IMPL_NAMES) == {"naive", "flash", "flash_fused", "sdpa", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math", "flex"}
     assert "flex" not in default_impls(CPU) and default_impls(torch.device("cuda")) == list(IMPL_NAMES)
     with pytest.raises(ValueError, match="naive"):
         make_impl("flash2")
@@ -127,7 +127,7 @@ def test_impls_compute_the_same_attention(causal):
     if causal:
         scores = scores.masked_fill(torch.ones(16, 16, dtype=torch.bool).triu(1), float("-inf"))
     expected = scores.softmax(-1) @ v.double()
-    for name in ("naive", "flash", "sdpa", "sdpa_math", "sdpa_flash"):
+    for name in ("naive", "flash", "flash_fused", "sdpa", "sdpa_math", "sdpa_flash"):
         out = make_impl(name)(q, k, v, causal)
         torch.testing.assert_close(out.double(), expected, atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
 
