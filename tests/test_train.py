@@ -171,10 +171,28 @@ def test_out_of_memory_is_reported_not_raised(tiny_cfg, pattern_data, monkeypatc
     assert "Try attention=flash" in caplog.text
 
 
-def test_profile_writes_a_trace(tiny_cfg, pattern_data):
-    cfg = tiny_cfg("attention=sdpa", "profile=true")
-    train(cfg)
+@pytest.mark.parametrize("attention, op", [("sdpa", "scaled_dot_product"), ("flash", "flashgpt::flash_attn")])
+def test_profile_writes_a_trace_and_the_attention_share(tiny_cfg, pattern_data, attention, op):
+    cfg = tiny_cfg(f"attention={attention}", "profile=true")
+    summary = train(cfg)
     assert json.loads((Path(cfg.out_dir) / "trace.json").read_text())["traceEvents"]
+    report = json.loads((Path(cfg.out_dir) / "profile.json").read_text())
+    assert report["steps_profiled"] == 3
+    # forward and backward both counted, each once (SDPA's inner backend op is nested, not added)
+    ops = report["attention_ops_ms"]
+    assert any(op in name and "bwd" in name or "backward" in name for name in ops), ops
+    assert all(op in name for name in ops), ops
+    assert 0 < report["attention_ms"] < report["step_ms"]
+    assert report["attention_share"] == pytest.approx(report["attention_ms"] / report["step_ms"])
+    assert summary["profile/attention_share"] == report["attention_share"]
+
+
+def test_profile_of_naive_attention_says_its_share_is_unknown(tiny_cfg, pattern_data, caplog):
+    cfg = tiny_cfg("attention=naive", "profile=true")
+    with caplog.at_level(logging.INFO):
+        summary = train(cfg)
+    assert json.loads((Path(cfg.out_dir) / "profile.json").read_text())["attention_share"] is None
+    assert "profile/attention_share" not in summary and "its share is unknown" in caplog.text
 
 
 def test_wandb_offline_writes_a_run(tiny_cfg, pattern_data, monkeypatch, tmp_path):

@@ -44,6 +44,7 @@ from training.config import ConfigError, resolve_compile, resolve_device, resolv
 from training.distributed import DistInfo
 from training.metrics import MetricsLogger, attention_label, run_name
 from training.optim import build_optimizer, lr_at
+from training.profiling import step_profiler
 
 log = logging.getLogger(__name__)
 
@@ -382,7 +383,9 @@ def _loop(run: Run, metrics: MetricsLogger) -> dict[str, Any]:
     # disable=None: a bar on terminals only; logs and CI get the log_every lines instead.
     quiet = None if run.dist.is_main else True  # only rank 0 draws a bar
     bar = tqdm(range(run.start_step, end), initial=run.start_step, total=end, desc=run_name(cfg), disable=quiet)
-    with logging_redirect_tqdm(), _profiler(cfg, run.out_dir, run.dist.is_main) as prof, stop_on_signals() as signals:
+    profiled: dict[str, Any] = {}  # profile=true: filled with the attention share after the profiled steps
+    with logging_redirect_tqdm(), step_profiler(cfg, run.out_dir, profiled, run.dist.is_main) as prof, \
+            stop_on_signals() as signals:
         for step in bar:
             t0 = time.perf_counter()
             # The data position is a function of the step alone (and this rank's rows).
@@ -443,6 +446,9 @@ def _loop(run: Run, metrics: MetricsLogger) -> dict[str, Any]:
             summary["perf/mfu"] = mfu(summary["perf/tokens_per_s"], run.flops_per_token, run.peak_flops)
         if device.type == "cuda":  # the fullest GPU's peak: ranks can differ (FSDP's root, rank 0's extras)
             summary["perf/peak_mem_gib"] = distributed.maximum(torch.cuda.max_memory_allocated(device) / 2**30, device)
+    if profiled.get("attention_share") is not None:
+        summary["profile/attention_share"] = profiled["attention_share"]
+        summary["profile/attention_ms"] = profiled["attention_ms"]
     summary["ranks"] = run.dist.world_size  # tokens/s above counts all ranks' tokens
     return summary
 
@@ -510,20 +516,3 @@ def _postfix(row: dict[str, float]) -> str:
     if "perf/peak_mem_gib" in row:
         parts.append(f"mem {row['perf/peak_mem_gib']:.1f} GiB")
     return " | ".join(parts)
-
-
-@contextlib.contextmanager
-def _profiler(cfg: DictConfig, out_dir: Path, main: bool = True) -> Iterator[torch.profiler.profile | None]:
-    """profile=true: a torch.profiler trace of steps 3-5 (after warm-up) in <out_dir>/trace.json (rank 0's)."""
-    if not cfg.profile or not main:
-        yield None
-        return
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(
-        activities=activities,
-        schedule=torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1),
-        on_trace_ready=lambda p: p.export_chrome_trace(str(out_dir / "trace.json")),
-    ) as prof:
-        yield prof
