@@ -236,3 +236,30 @@ def test_cli_sweep_runs_every_job(tmp_path):
     assert sorted(j.split("-", 1)[0] for j in jobs) == ["0", "1", "2", "3"]
     for job in jobs:
         assert json.loads((tmp_path / job / SUMMARY_FILE).read_text())["status"] == "ok"
+
+
+def test_attention_share_counts_each_step_once_on_cuda():
+    """On CUDA the profiler lists every step twice (host span + GPU annotation with no CPU time); the
+    H200 runs showed the per-step numbers halved before this was handled."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from training.profiling import attention_share
+
+    def ev(name, cpu_us=0.0, gpu_us=0.0, device=DeviceType.CPU, parent=None):
+        return SimpleNamespace(name=name, cpu_time_total=cpu_us, device_time_total=gpu_us, device_type=device,
+                               cpu_parent=parent)
+
+    steps = [ev(f"ProfilerStep#{i}", cpu_us=145_000) for i in (2, 3, 4)]
+    twins = [ev(f"ProfilerStep#{i}", gpu_us=143_000, device=DeviceType.CUDA) for i in (2, 3, 4)]
+    fwd = [ev("flashgpt::flash_attn_fwd", cpu_us=50, gpu_us=17_000, parent=s) for s in steps]
+    bwd = [ev("flashgpt::flash_attn_bwd", cpu_us=60, gpu_us=50_000) for _ in steps]  # autograd thread: no parent
+    sdpa = ev("aten::scaled_dot_product_attention", gpu_us=1_000, parent=steps[0])
+    inner = ev("aten::_scaled_dot_product_cudnn_attention", gpu_us=1_000, parent=sdpa)  # inside sdpa: not again
+    report = attention_share([*steps, *twins, *fwd, *bwd, sdpa, inner], on_gpu=True)
+    assert report["steps_profiled"] == 3 and report["step_ms"] == pytest.approx(145.0)
+    assert report["attention_ms"] == pytest.approx((3 * 67_000 + 1_000) / 3 / 1e3)
+    assert report["attention_share"] == pytest.approx((3 * 67_000 + 1_000) / (3 * 145_000))
+    assert set(report["attention_ops_ms"]) == {"flashgpt::flash_attn_fwd", "flashgpt::flash_attn_bwd",
+                                               "aten::scaled_dot_product_attention"}

@@ -20,6 +20,7 @@ from typing import Any, Iterator
 
 import torch
 from omegaconf import DictConfig
+from torch.autograd import DeviceType
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,9 @@ def _is_attention(name: str) -> bool:
 
 def attention_share(events: list[Any], on_gpu: bool) -> dict[str, Any]:
     """Per profiled step: wall ms, attention ms and their ratio, from a profiler's FunctionEvents."""
-    steps = [e for e in events if e.name.startswith("ProfilerStep")]  # "ProfilerStep#3", or "ProfilerStep*"
+    # "ProfilerStep#3" (or "ProfilerStep*"): the host's span of each step. On CUDA each step also has a
+    # GPU-side twin (a gpu_user_annotation with no CPU time), which must not count as another step.
+    steps = [e for e in events if e.name.startswith("ProfilerStep") and e.device_type == DeviceType.CPU]
     step_us = sum(e.cpu_time_total for e in steps)
 
     def nested(e: Any) -> bool:
