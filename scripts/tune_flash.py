@@ -6,8 +6,8 @@ dK/dV config and each dQ config (the other kernels at their defaults), checks ev
 against the default config's output, and prints/writes the best. `--kernels bwd_fused` tunes the
 single-pass backward (deterministic=False): each config is timed as a whole backward (preprocess,
 dQ zeroing, the fused kernel, dQ cast), checked against SDPA's gradients, and set beside the
-two-pass backward. Under the causal mask each tuned kernel is also timed with its program order
-flipped (KernelConfig.REVERSE). TFLOP/s use kernels.flops (forward 4·d·pairs, backward 2.5×
+two-pass backward. Under the causal mask every kernel's default config is also timed with its
+program order flipped (KernelConfig.REVERSE). TFLOP/s use kernels.flops (forward 4·d·pairs, backward 2.5×
 forward, pairs exact under the causal mask).
 
     python scripts/tune_flash.py --out results.json            # bf16, N=8192, d 64 and 128, two-pass kernels
@@ -128,16 +128,17 @@ def tune_shape(batch: int, heads: int, seqlen: int, head_dim: int, causal: bool,
             except Exception as exc:  # out of shared memory / registers: record and go on
                 rows[kernel].append({**cfg, "ms": None, "error": type(exc).__name__ + ": " + str(exc)[:120]})
         ok = sorted((r for r in rows[kernel] if r.get("ms") and not r.get("wrong")), key=lambda r: r["ms"])
-        default_ms = bench(runs[kernel])
-        print(f"  d={head_dim} causal={causal} {kernel}: default {default_ms:.3f} ms; best "
+        print(f"  d={head_dim} causal={causal} {kernel}: default {bench(runs[kernel]):.3f} ms; best "
               f"{[cfg_tuple(r) for r in ok[:4]]}"
               f" ({len(rows[kernel])} tried, {sum(1 for r in rows[kernel] if r.get('wrong'))} wrong)", flush=True)
-        if causal:  # longest programs first or not: the default config with REVERSE flipped
-            default_reverse = kernel_config(kernel, triton.next_power_of_2(head_dim), dtype, causal).REVERSE
-            with forced_config(kernel, REVERSE=not default_reverse):
-                flipped_ms = bench(runs[kernel])
-            orders[kernel] = {f"REVERSE={default_reverse}": default_ms, f"REVERSE={not default_reverse}": flipped_ms}
-            print(f"  d={head_dim} causal={causal} {kernel} program order: {orders[kernel]} ms", flush=True)
+    for kernel in KERNELS if causal else ():  # longest programs first or not: each default config with REVERSE flipped
+        default_reverse = kernel_config(kernel, triton.next_power_of_2(head_dim), dtype, causal).REVERSE
+        default_ms = bench(runs[kernel])
+        with forced_config(kernel, REVERSE=not default_reverse):
+            flipped_ms = bench(runs[kernel])
+        orders[kernel] = {f"REVERSE={default_reverse}": default_ms, f"REVERSE={not default_reverse}": flipped_ms}
+        print(f"  d={head_dim} causal={causal} {kernel} program order: "
+              f"{', '.join(f'{key} {ms:.3f} ms' for key, ms in orders[kernel].items())}", flush=True)
     for name in runs:
         result[name] = {"best": sorted((r for r in rows[name] if r.get("ms") and not r.get("wrong")), key=lambda r: r["ms"])[:3]}
     result["program_order_ms"] = orders

@@ -250,9 +250,10 @@ def test_mixed_devices_raise():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="long sequences are GPU-only (the interpreter is slow)")
 @pytest.mark.parametrize("seqlen", [1024, 4095, 8192])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_long_sequences_bf16_on_gpu(seqlen, causal):
+@pytest.mark.parametrize("deterministic", [True, False], ids=["two-pass", "fused"])  # fused: real concurrent atomics
+def test_long_sequences_bf16_on_gpu(seqlen, causal, deterministic):
     q, k, v = make_qkv(1, 4, 2, seqlen, seqlen, 64, torch.bfloat16)
-    check_against_reference(q, k, v, causal)
+    check_against_reference(q, k, v, causal, deterministic=deterministic)
 
 
 def test_meta_tensors_trace_shapes_without_a_kernel(monkeypatch):
