@@ -522,7 +522,9 @@ def kernel_config(kernel: str, block_d: int, dtype: torch.dtype, causal: bool) -
     16 heads, d=64 and 128, non-causal; docs/perf-notes.md); float32 and d=256 get smaller tiles
     to fit. `causal` only sets REVERSE (longest programs first: the query-block kernels reverse,
     the key-block kernels already start at their longest); tiles are shared by both settings.
-    The bwd_fused entries are first guesses (FA2's 64 × 128 for d=64) until tune_flash.py has run.
+    The bwd_fused entries are the best of its first sweep (`tune_flash.py --kernels bwd_fused`,
+    H200, triton 3.6, 2026-11-29: d=64 32×128 at 4.27 ms full / 2.45 causal, d=128 64×128 at 7.02
+    / 3.88, all still slower than the two-pass backward's 3.72 / 2.05 / 6.85 / 3.63 ms).
     """
     if interpreting():
         default = KernelConfig(64, 64)
@@ -536,7 +538,7 @@ def kernel_config(kernel: str, block_d: int, dtype: torch.dtype, causal: bool) -
     elif kernel == "bwd_dkdv":  # programs own BLOCK_N keys (dK, dV accumulators) and stream BLOCK_M queries
         default = KernelConfig(32, 128, num_warps=4, num_stages=3) if block_d <= 64 else KernelConfig(64, 64, num_warps=4, num_stages=2)
     elif kernel == "bwd_fused":  # as bwd_dkdv, plus a (BLOCK_M, d) dQ tile added atomically per step
-        default = KernelConfig(64, 128, num_warps=8, num_stages=2) if block_d <= 64 else KernelConfig(64, 64, num_warps=4, num_stages=2)
+        default = KernelConfig(32, 128, num_warps=4, num_stages=3) if block_d <= 64 else KernelConfig(64, 128, num_warps=8, num_stages=3)
     else:  # bwd_dq: programs own BLOCK_M queries and stream BLOCK_N keys
         default = KernelConfig(128, 64, num_warps=8, num_stages=3)
     default = dataclasses.replace(default, REVERSE=causal and kernel in ("fwd", "bwd_dq"))
