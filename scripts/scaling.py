@@ -32,9 +32,9 @@ import torch
 from omegaconf import OmegaConf
 
 from scripts._common import RESULTS_DIR, ROOT, Table, rounded, run_meta, write_results
-from scripts.compare_runs import HYDRA_CONFIG, find_runs, read_summary
+from scripts import compare_runs
+from scripts.compare_runs import HYDRA_CONFIG, find_runs
 from training.distributed import PARALLEL
-from training.metrics import attention_label
 
 ROW_KEYS = ("attention", "parallel", "gpus", "seq_len", "per_gpu_batch", "tokens_per_s", "tokens_per_s_per_gpu",
             "step_ms", "peak_mem_gib", "mfu", "scaling_efficiency", "final_loss", "status", "run_dir")
@@ -115,26 +115,21 @@ def run_all(args: argparse.Namespace) -> int:
 
 
 def run_row(run: Path) -> dict[str, Any] | None:
-    """One row per run folder (before scaling efficiency, which needs the 1-GPU rows)."""
-    if not (run / HYDRA_CONFIG).exists():
+    """One row per run folder: compare_runs' row (speed, memory, loss, status) plus the GPU count,
+    parallelism and per-GPU batch; scaling efficiency is filled in later from the 1-GPU rows."""
+    base = compare_runs.run_row(run)
+    if base is None:
         return None
     cfg = OmegaConf.load(run / HYDRA_CONFIG)
-    summary, steps = read_summary(run)
-    status = (summary or {}).get("status", "ok") if summary else ("incomplete" if steps else "error")
-    summary = summary or {}
+    summary = compare_runs.read_summary(run)[0] or {}
     # A run that ended before its summary has no rank count: the launch record says how many were meant.
     launched = json.loads((run / LAUNCH_FILE).read_text()) if (run / LAUNCH_FILE).exists() else {}
     gpus = int(summary.get("ranks") or launched.get("gpus") or 1)
-    tps = summary.get("perf/tokens_per_s")
-    return {
-        "attention": attention_label(cfg), "parallel": str(cfg.parallel) if gpus > 1 else "single",
-        "gpus": gpus, "seq_len": int(cfg.seq_len), "per_gpu_batch": int(cfg.batch_size) // gpus,
-        "tokens_per_s": rounded(tps), "tokens_per_s_per_gpu": rounded(tps / gpus if tps else None),
-        "step_ms": rounded(summary.get("perf/step_ms")), "peak_mem_gib": rounded(summary.get("perf/peak_mem_gib")),
-        "mfu": rounded(summary.get("perf/mfu")), "scaling_efficiency": None,
-        "final_loss": rounded(summary.get("final/val_loss", summary.get("final/train_loss"))), "status": status,
-        "run_dir": str(run),
-    }
+    tps = base["tokens_per_s"]
+    row = {**base, "parallel": str(cfg.parallel) if gpus > 1 else "single", "gpus": gpus,
+           "per_gpu_batch": int(cfg.batch_size) // gpus, "tokens_per_s_per_gpu": rounded(tps / gpus if tps else None),
+           "scaling_efficiency": None}
+    return {key: row[key] for key in ROW_KEYS}
 
 
 def with_efficiency(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
