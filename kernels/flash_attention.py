@@ -97,18 +97,41 @@ def _causal_bounds(start, BLOCK: tl.constexpr, BLOCK_OTHER: tl.constexpr, seqlen
 
 
 @triton.jit
+def _row_source(base, seqlen, stride_n, stride_d, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+                HEAD_DIM: tl.constexpr, TMA: tl.constexpr):
+    """What an inner loop streams (BLOCK, BLOCK_D) row tiles of one head from.
+
+    With TMA, a tensor descriptor over the head's (seqlen, HEAD_DIM) rows: Hopper's copy engine
+    then moves each tile to shared memory, with no per-element address or mask arithmetic in the
+    registers, and fills rows past seqlen and columns past HEAD_DIM with zeros. Without, the head's
+    base pointer, for masked loads (_load_rows)."""
+    if TMA:
+        return tl.make_tensor_descriptor(base, shape=[seqlen, HEAD_DIM], strides=[stride_n, 1], block_shape=[BLOCK, BLOCK_D])
+    else:
+        return base
+
+
+@triton.jit
+def _load_rows(src, start, offs_r, offs_d, seqlen, stride_n, stride_d, HEAD_DIM: tl.constexpr, TMA: tl.constexpr):
+    """Rows [start, start + len(offs_r)) of a _row_source, zero past seqlen and past HEAD_DIM."""
+    if TMA:
+        return src.load([start, 0])
+    else:
+        rows = start + offs_r
+        ok = (rows[:, None] < seqlen) & (offs_d[None, :] < HEAD_DIM)
+        return tl.load(src + rows[:, None] * stride_n + offs_d[None, :] * stride_d, mask=ok, other=0.0)
+
+
+@triton.jit
 def _fwd_inner(
-    acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
     offs_m, offs_n, offs_d, lo, hi, seqlen_k, offset, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-    ELEM: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ELEM: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
-    d_ok = offs_d[None, :] < HEAD_DIM
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        kv_ok = (cols[:, None] < seqlen_k) & d_ok
-        k = tl.load(k_base + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_ok, other=0.0)
-        k = _mma_operand(k, ELEM, UPCAST)
+        k = _mma_operand(_load_rows(k_src, start_n, offs_n, offs_d, seqlen_k, stride_kn, stride_kd, HEAD_DIM, TMA), ELEM, UPCAST)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N) raw scores
         if MASKED:
             keep = cols[None, :] < seqlen_k
@@ -124,8 +147,7 @@ def _fwd_inner(
         p = tl.math.exp2(s * qk_scale - m_sub[:, None])
         alpha = tl.math.exp2(m_i - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_ok, other=0.0)
-        v = _mma_operand(v, ELEM, UPCAST)
+        v = _mma_operand(_load_rows(v_src, start_n, offs_n, offs_d, seqlen_k, stride_vn, stride_vd, HEAD_DIM, TMA), ELEM, UPCAST)
         acc = acc * alpha[:, None]
         acc = tl.dot(_mma_operand(p, ELEM, UPCAST), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
@@ -142,6 +164,7 @@ def _fwd_kernel(
     heads_q, group, seqlen_q, seqlen_k, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, REVERSE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     # grid (query blocks, heads, batch): the blocks of one head run together, so its K/V stay in L2
     pid_m = tl.program_id(0)
@@ -161,8 +184,8 @@ def _fwd_kernel(
     q_ok = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
     q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
     q = _mma_operand(tl.load(q_ptrs, mask=q_ok, other=0.0), ELEM, UPCAST)  # stays on chip for the whole loop
-    k_base = K + b * stride_kb + kvh * stride_kh
-    v_base = V + b * stride_vb + kvh * stride_vh
+    k_src = _row_source(K + b * stride_kb + kvh * stride_kh, seqlen_k, stride_kn, stride_kd, BLOCK_N, BLOCK_D, HEAD_DIM, TMA)
+    v_src = _row_source(V + b * stride_vb + kvh * stride_vh, seqlen_k, stride_vn, stride_vd, BLOCK_N, BLOCK_D, HEAD_DIM, TMA)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -171,15 +194,15 @@ def _fwd_kernel(
     full_end, hi = _causal_bounds(start_m, BLOCK_M, BLOCK_N, seqlen_k, offset, CAUSAL)
     # key blocks every row sees in full: no mask arithmetic at all
     acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, offs_n, offs_d, 0, full_end, seqlen_k, offset, qk_scale,
-        HEAD_DIM, BLOCK_N, False, CAUSAL, ELEM, UPCAST, DOT_PRECISION,
+        HEAD_DIM, BLOCK_N, False, CAUSAL, ELEM, UPCAST, DOT_PRECISION, TMA,
     )
     # the diagonal blocks (causal) and the ragged last block; blocks above the diagonal are skipped
     acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, offs_n, offs_d, full_end, hi, seqlen_k, offset, qk_scale,
-        HEAD_DIM, BLOCK_N, True, CAUSAL, ELEM, UPCAST, DOT_PRECISION,
+        HEAD_DIM, BLOCK_N, True, CAUSAL, ELEM, UPCAST, DOT_PRECISION, TMA,
     )
 
     if CAUSAL:
@@ -218,26 +241,24 @@ def _bwd_preprocess_kernel(
 
 @triton.jit
 def _bwd_kv_inner(
-    dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+    dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_base,
     stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
     offs_n, offs_m0, offs_d, lo, hi, seqlen_q, offset, qk_scale, softmax_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-    ELEM: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ELEM: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
     d_ok = offs_d[None, :] < HEAD_DIM
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + offs_m0
         row_ok = rows < seqlen_q
-        q = tl.load(q_base + rows[:, None] * stride_qn + offs_d[None, :] * stride_qd, mask=row_ok[:, None] & d_ok, other=0.0)
-        q = _mma_operand(q, ELEM, UPCAST)
+        q = _mma_operand(_load_rows(q_src, start_m, offs_m0, offs_d, seqlen_q, stride_qn, stride_qd, HEAD_DIM, TMA), ELEM, UPCAST)
         # rows past the end get LSE = +inf, hence P = 0: no score mask needed for them
         lse2 = tl.load(lse_base + rows, mask=row_ok, other=float("inf")) * 1.4426950408889634
         # recompute Pᵀ (BLOCK_N, BLOCK_M) from Q, K and the saved LSE
         p_t = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale - lse2[None, :])
         if MASKED:
             p_t = tl.where(offs_n[:, None] <= rows[None, :] + offset, p_t, 0.0)
-        do = tl.load(do_base + rows[:, None] * stride_don + offs_d[None, :] * stride_dod, mask=row_ok[:, None] & d_ok, other=0.0)
-        do = _mma_operand(do, ELEM, UPCAST)
+        do = _mma_operand(_load_rows(do_src, start_m, offs_m0, offs_d, seqlen_q, stride_don, stride_dod, HEAD_DIM, TMA), ELEM, UPCAST)
         dv = tl.dot(_mma_operand(p_t, ELEM, UPCAST), do, dv, input_precision=DOT_PRECISION)
         delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
@@ -266,7 +287,7 @@ def _bwd_kv_program(
     heads_q, group, seqlen_q, seqlen_k, qk_scale, softmax_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, REVERSE: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
     """One key block's dK and dV (and, with ATOMIC_DQ, its dQ share): the body of both kernels below."""
     pid_n = tl.program_id(0)  # grid (key blocks, kv heads, batch)
@@ -299,21 +320,21 @@ def _bwd_kv_program(
         full_start = 0
     for g in range(0, group):  # dK, dV sum over the query heads that share this kv head
         h = kvh * group + g
-        q_base = Q + b * stride_qb + h * stride_qh
-        do_base = DO + b * stride_dob + h * stride_doh
+        q_src = _row_source(Q + b * stride_qb + h * stride_qh, seqlen_q, stride_qn, stride_qd, BLOCK_M, BLOCK_D, HEAD_DIM, TMA)
+        do_src = _row_source(DO + b * stride_dob + h * stride_doh, seqlen_q, stride_don, stride_dod, BLOCK_M, BLOCK_D, HEAD_DIM, TMA)
         dq_base = DQ + b * stride_dqb + h * stride_dqh
         row_base = (b * heads_q + h) * seqlen_q
         dk, dv = _bwd_kv_inner(
-            dk, dv, k, v, q_base, do_base, LSE + row_base, DELTA + row_base, dq_base,
+            dk, dv, k, v, q_src, do_src, LSE + row_base, DELTA + row_base, dq_base,
             stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
             offs_n, offs_m0, offs_d, lo, tl.minimum(full_start, seqlen_q), seqlen_q, offset, qk_scale, softmax_scale,
-            HEAD_DIM, BLOCK_M, True, ATOMIC_DQ, ELEM, UPCAST, DOT_PRECISION,
+            HEAD_DIM, BLOCK_M, True, ATOMIC_DQ, ELEM, UPCAST, DOT_PRECISION, TMA,
         )
         dk, dv = _bwd_kv_inner(
-            dk, dv, k, v, q_base, do_base, LSE + row_base, DELTA + row_base, dq_base,
+            dk, dv, k, v, q_src, do_src, LSE + row_base, DELTA + row_base, dq_base,
             stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
             offs_n, offs_m0, offs_d, full_start, seqlen_q, seqlen_q, offset, qk_scale, softmax_scale,
-            HEAD_DIM, BLOCK_M, False, ATOMIC_DQ, ELEM, UPCAST, DOT_PRECISION,
+            HEAD_DIM, BLOCK_M, False, ATOMIC_DQ, ELEM, UPCAST, DOT_PRECISION, TMA,
         )
     dk = dk * softmax_scale
     tl.store(DK + b * stride_dkb + kvh * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
@@ -334,6 +355,7 @@ def _bwd_dkdv_kernel(
     heads_q, group, seqlen_q, seqlen_k, qk_scale, softmax_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, REVERSE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """Deterministic pass 1: dK, dV only (DK stands in for the unused dQ pointer)."""
     _bwd_kv_program(
@@ -346,7 +368,7 @@ def _bwd_dkdv_kernel(
         stride_dvb, stride_dvh, stride_dvn, stride_dvd,
         0, 0, 0, 0,
         heads_q, group, seqlen_q, seqlen_k, qk_scale, softmax_scale,
-        HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, REVERSE, False, UPCAST, DOT_PRECISION,
+        HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, REVERSE, False, UPCAST, DOT_PRECISION, TMA,
     )
 
 
@@ -363,6 +385,7 @@ def _bwd_fused_kernel(
     heads_q, group, seqlen_q, seqlen_k, qk_scale, softmax_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, REVERSE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """Single-pass backward: dK, dV as above, dQ atomically added into the float32 buffer DQ (zeroed)."""
     _bwd_kv_program(
@@ -375,23 +398,21 @@ def _bwd_fused_kernel(
         stride_dvb, stride_dvh, stride_dvn, stride_dvd,
         stride_dqb, stride_dqh, stride_dqn, stride_dqd,
         heads_q, group, seqlen_q, seqlen_k, qk_scale, softmax_scale,
-        HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, REVERSE, True, UPCAST, DOT_PRECISION,
+        HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, REVERSE, True, UPCAST, DOT_PRECISION, TMA,
     )
 
 
 @triton.jit
 def _bwd_dq_inner(
-    dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
     offs_m, offs_n0, offs_d, lo, hi, seqlen_k, offset, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-    ELEM: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ELEM: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
-    d_ok = offs_d[None, :] < HEAD_DIM
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n0
-        kv_ok = (cols[:, None] < seqlen_k) & d_ok
-        k = _mma_operand(tl.load(k_base + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_ok, other=0.0), ELEM, UPCAST)
-        v = _mma_operand(tl.load(v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_ok, other=0.0), ELEM, UPCAST)
+        k = _mma_operand(_load_rows(k_src, start_n, offs_n0, offs_d, seqlen_k, stride_kn, stride_kd, HEAD_DIM, TMA), ELEM, UPCAST)
+        v = _mma_operand(_load_rows(v_src, start_n, offs_n0, offs_d, seqlen_k, stride_vn, stride_vd, HEAD_DIM, TMA), ELEM, UPCAST)
         p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale - lse2[:, None])
         if MASKED:
             keep = cols[None, :] < seqlen_k
@@ -415,6 +436,7 @@ def _bwd_dq_kernel(
     heads_q, group, seqlen_q, seqlen_k, qk_scale, softmax_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, REVERSE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     pid_m = tl.program_id(0)  # grid (query blocks, heads, batch)
     if REVERSE:  # longest (causal: last) query blocks first, as in the forward
@@ -438,20 +460,20 @@ def _bwd_dq_kernel(
     do = _mma_operand(do, ELEM, UPCAST)
     lse2 = tl.load(LSE + row0 + offs_m, mask=row_ok, other=float("inf")) * 1.4426950408889634
     delta = tl.load(DELTA + row0 + offs_m, mask=row_ok, other=0.0)
-    k_base = K + b * stride_kb + kvh * stride_kh
-    v_base = V + b * stride_vb + kvh * stride_vh
+    k_src = _row_source(K + b * stride_kb + kvh * stride_kh, seqlen_k, stride_kn, stride_kd, BLOCK_N, BLOCK_D, HEAD_DIM, TMA)
+    v_src = _row_source(V + b * stride_vb + kvh * stride_vh, seqlen_k, stride_vn, stride_vd, BLOCK_N, BLOCK_D, HEAD_DIM, TMA)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     full_end, hi = _causal_bounds(start_m, BLOCK_M, BLOCK_N, seqlen_k, offset, CAUSAL)
     dq = _bwd_dq_inner(
-        dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, offs_n0, offs_d, 0, full_end, seqlen_k, offset, qk_scale,
-        HEAD_DIM, BLOCK_N, False, CAUSAL, ELEM, UPCAST, DOT_PRECISION,
+        HEAD_DIM, BLOCK_N, False, CAUSAL, ELEM, UPCAST, DOT_PRECISION, TMA,
     )
     dq = _bwd_dq_inner(
-        dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, offs_n0, offs_d, full_end, hi, seqlen_k, offset, qk_scale,
-        HEAD_DIM, BLOCK_N, True, CAUSAL, ELEM, UPCAST, DOT_PRECISION,
+        HEAD_DIM, BLOCK_N, True, CAUSAL, ELEM, UPCAST, DOT_PRECISION, TMA,
     )
     dq = dq * softmax_scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqn + offs_d[None, :] * stride_dqd,
@@ -469,17 +491,52 @@ class KernelConfig:
 
     REVERSE: program i takes block (number of blocks − 1 − i). The GPU starts programs roughly in
     index order, so this decides which blocks run in the last, partly idle wave; under the causal
-    mask the longest should start first (the last query blocks, the first key blocks)."""
+    mask the longest should start first (the last query blocks, the first key blocks).
+    TMA: the inner loop's streamed tiles come through tensor descriptors (Hopper's copy engine)
+    instead of masked pointer loads; used only where the tensors allow it (_tma_ok)."""
 
     BLOCK_M: int
     BLOCK_N: int
     num_warps: int = 4
     num_stages: int = 2
     REVERSE: bool = False
+    TMA: bool = False
 
-    def launch_kwargs(self) -> dict:
-        return dict(BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, REVERSE=self.REVERSE,
+    def launch_kwargs(self, *tensors: torch.Tensor) -> dict:
+        """Kernel keyword arguments; TMA falls back to pointer loads when one of `tensors` (the
+        ones the kernel streams through descriptors) has a layout the copy engine can't take."""
+        tma = self.TMA and _tma_ok(*tensors)
+        if tma:
+            _ensure_allocator()
+        return dict(BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, REVERSE=self.REVERSE, TMA=tma,
                     num_warps=self.num_warps, num_stages=self.num_stages)
+
+
+def _tma_ok(*tensors: torch.Tensor) -> bool:
+    """Whether the kernels can build a (seqlen, head_dim) tensor descriptor over every head of
+    each tensor: unit stride along head_dim, 16-byte aligned head starts and rows (TMA's rules),
+    and a Hopper-or-newer GPU (or the interpreter, which emulates descriptors)."""
+    for t in tensors:
+        if t.device.type == "cuda" and torch.cuda.get_device_capability(t.device)[0] < 9:
+            return False
+        size = t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or t.stride(-2) == 0:
+            return False
+        if any((stride * size) % 16 for stride in t.stride()[:-1]):
+            return False
+    return True
+
+
+def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    # device-side descriptors live in a small global workspace that Triton asks for at launch
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _ensure_allocator() -> None:
+    """Give Triton a workspace allocator for the descriptors. Triton keeps it in a ContextVar,
+    i.e. per thread, and autograd runs the backward in its own thread: so set it at each launch."""
+    if not interpreting():
+        triton.set_allocator(_tma_scratch)
 
 
 # forward, deterministic backward (dK/dV pass, dQ pass) and the single-pass atomic-dQ backward
@@ -516,35 +573,39 @@ def interpreting() -> bool:
 def kernel_config(kernel: str, block_d: int, dtype: torch.dtype, causal: bool) -> KernelConfig:
     """Launch config for one kernel, chosen from the padded head dim and dtype.
 
-    One table for every caller (tests, training, benchmarks); the interpreter gets 64×64
-    blocks because its cost grows with the number of programs × key blocks, not with tile size.
-    The GPU entries are the fastest of scripts/tune_flash.py's sweeps on an H200 (bf16, N=8192,
-    16 heads, d=64 and 128, non-causal; docs/perf-notes.md); float32 and d=256 get smaller tiles
-    to fit. `causal` only sets REVERSE (longest programs first: the query-block kernels reverse
-    where it measured faster, the key-block kernels already start at their longest); tiles are
-    shared by both settings.
+    One table for every caller (tests, training, benchmarks). The GPU entries are the fastest of
+    scripts/tune_flash.py's sweeps on an H200 (bf16, N=8192, 16 heads, d=64 and 128, non-causal;
+    docs/perf-notes.md); float32 and d=256 get smaller tiles to fit. The interpreter gets 64×64
+    blocks, because its cost grows with the number of programs × key blocks, not with tile size,
+    but the GPU entry's TMA setting, so that CPU tests run the load path the GPU runs.
+    `causal` only sets REVERSE (longest programs first: the query-block kernels reverse where it
+    measured faster, the key-block kernels already start at their longest); tiles are shared by
+    both settings.
     The bwd_fused entries are the best of its first sweep (`tune_flash.py --kernels bwd_fused`,
     H200, triton 3.6, 2026-11-29: d=64 32×128 at 4.27 ms full / 2.45 causal, d=128 64×128 at 7.02
     / 3.88, all still slower than the two-pass backward's 3.72 / 2.05 / 6.85 / 3.63 ms).
     """
-    if interpreting():
-        default = KernelConfig(64, 64)
-    elif kernel == "fwd":
+    wide = block_d > 64
+    if kernel == "fwd":
         if dtype == torch.float32 or block_d > 128:  # wider tiles: fit shared memory
             default = KernelConfig(64, 32, num_warps=4 if block_d <= 64 else 8, num_stages=2)
-        else:
-            default = KernelConfig(128, 64, num_warps=8, num_stages=3)
+        else:  # d=128: 128×128 tiles measured 2.20 vs 2.27 ms for 128×64 (H200, 2026-11-29)
+            default = KernelConfig(128, 128 if wide else 64, num_warps=8, num_stages=3)
     elif dtype == torch.float32 or block_d > 128:  # fit shared memory and registers
         default = KernelConfig(32, 32, num_warps=8, num_stages=2)
     elif kernel == "bwd_dkdv":  # programs own BLOCK_N keys (dK, dV accumulators) and stream BLOCK_M queries
-        default = KernelConfig(32, 128, num_warps=4, num_stages=3) if block_d <= 64 else KernelConfig(64, 64, num_warps=4, num_stages=2)
+        # d=128: two warp groups over 128 keys with TMA loads, 3.75 ms vs 3.98 for 64×64 / 4 warps
+        default = KernelConfig(64, 128, num_warps=8, num_stages=3, TMA=True) if wide else KernelConfig(32, 128, num_warps=4, num_stages=3)
     elif kernel == "bwd_fused":  # as bwd_dkdv, plus a (BLOCK_M, d) dQ tile added atomically per step
-        default = KernelConfig(32, 128, num_warps=4, num_stages=3) if block_d <= 64 else KernelConfig(64, 128, num_warps=8, num_stages=3)
+        default = KernelConfig(64, 128, num_warps=8, num_stages=3) if wide else KernelConfig(32, 128, num_warps=4, num_stages=3)
     else:  # bwd_dq: programs own BLOCK_M queries and stream BLOCK_N keys
-        default = KernelConfig(128, 64, num_warps=8, num_stages=3)
+        # TMA loads of K and V: 1.20-1.28 vs 1.37 ms at d=64, 2.53-2.60 vs 2.70-2.75 at d=128
+        default = KernelConfig(128, 64, num_warps=8, num_stages=3, TMA=True)
+    if interpreting():
+        default = KernelConfig(64, 64, TMA=default.TMA)
     # Measured (H200, bf16, N=8192, causal, same run): REVERSE made the forward 1.4% / 0.7% faster
     # at d=64 / 128 and the dQ pass 1.2% faster at d=128 but 4.7% slower at d=64 (0.775 vs 0.740 ms).
-    reverse = kernel == "fwd" or (kernel == "bwd_dq" and block_d > 64)
+    reverse = kernel == "fwd" or (kernel == "bwd_dq" and wide)
     default = dataclasses.replace(default, REVERSE=causal and reverse)
     return dataclasses.replace(default, **_forced.get(kernel, {}))
 
@@ -577,7 +638,7 @@ def _flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     _fwd_kernel[grid](
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E,
-        CAUSAL=causal, **cfg.launch_kwargs(), **consts,
+        CAUSAL=causal, **cfg.launch_kwargs(k, v), **consts,
     )
     return o, lse
 
@@ -603,7 +664,7 @@ def _bwd_dkdv(do, q, k, v, lse, delta, causal: bool, scale: float) -> tuple[torc
         q, k, v, do, lse, delta, dk, dv,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
         heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E, scale,
-        CAUSAL=causal, **cfg.launch_kwargs(), **consts,
+        CAUSAL=causal, **cfg.launch_kwargs(q, do), **consts,
     )
     return dk, dv
 
@@ -618,7 +679,7 @@ def _bwd_dq(do, q, k, v, lse, delta, causal: bool, scale: float) -> torch.Tensor
         q, k, v, do, lse, delta, dq,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
         heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E, scale,
-        CAUSAL=causal, **cfg.launch_kwargs(), **consts,
+        CAUSAL=causal, **cfg.launch_kwargs(k, v), **consts,
     )
     return dq
 
@@ -636,7 +697,7 @@ def _bwd_fused(do, q, k, v, lse, delta, causal: bool, scale: float) -> tuple[tor
         q, k, v, do, lse, delta, dk, dv, dq_acc,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *dq_acc.stride(),
         heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E, scale,
-        CAUSAL=causal, **cfg.launch_kwargs(), **consts,
+        CAUSAL=causal, **cfg.launch_kwargs(q, do), **consts,
     )
     return dq_acc.to(q.dtype), dk, dv  # the cast is a no-op for float32 inputs
 

@@ -49,11 +49,29 @@ def grid(block_m: list[int], block_n: list[int], warps: list[int], stages: list[
 # fused programs are dK/dV programs that also add dQ (larger BLOCK_N: fewer atomic adds per dQ element)
 GRIDS = {
     "fwd": grid([64, 128], [64, 128], [4, 8], [3, 4]),
-    "bwd_dkdv": grid([32, 64], [64, 128], [4, 8], [2, 3]),
-    "bwd_dq": grid([64, 128], [32, 64], [4, 8], [2, 3]),
+    "bwd_dkdv": grid([32, 64], [64, 128], [4, 8], [2, 3, 4]),
+    "bwd_dq": grid([64, 128], [32, 64], [4, 8], [2, 3, 4]),
     "bwd_fused": grid([64, 32], [128, 64], [8, 4], [2, 3]),
 }
+KNOBS = ("TMA", "REVERSE")  # boolean KernelConfig fields --knobs can cross the grid with
+
+
+def with_knobs(configs: list[dict], knobs: list[str], first: dict) -> list[dict]:
+    """`configs` crossed with every on/off setting of `knobs`; the tile of `first` (the default
+    config) leads, so a time budget that runs out still covers it under every setting."""
+    lead = [c for c in configs if all(c[key] == first[key] for key in c)]
+    ordered = lead + [c for c in configs if c not in lead]
+    return [{**c, **dict(zip(knobs, values))} for c in ordered for values in itertools.product([False, True], repeat=len(knobs))]
 DEFAULT_KERNELS = ["fwd", "bwd_dkdv", "bwd_dq"]  # bwd_fused on request
+
+
+def parse_tile(text: str) -> dict:
+    """'64x128x8x3' -> BLOCK_M 64, BLOCK_N 128, 8 warps, 3 stages."""
+    try:
+        block_m, block_n, warps, stages = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"tile {text!r}: write BLOCK_MxBLOCK_NxWARPSxSTAGES, e.g. 64x128x8x3") from None
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
 
 
 def tflops(flops: int, ms: float) -> float:
@@ -67,11 +85,13 @@ def mismatch(out, ref) -> float:
 
 
 def cfg_tuple(r: dict) -> tuple:
-    return (r["BLOCK_M"], r["BLOCK_N"], r["num_warps"], r["num_stages"], round(r["ms"], 3))
+    knobs = tuple(key for key in KNOBS if r.get(key))  # the knobs switched on, by name
+    return (r["BLOCK_M"], r["BLOCK_N"], r["num_warps"], r["num_stages"], *knobs, round(r["ms"], 3))
 
 
 def tune_shape(batch: int, heads: int, seqlen: int, head_dim: int, causal: bool, dtype: torch.dtype, budget_s: float,
-               kernels_to_tune: list[str], device: torch.device = torch.device("cuda")) -> dict:
+               kernels_to_tune: list[str], device: torch.device = torch.device("cuda"), knobs: list[str] = (),
+               tiles: list[dict] | None = None) -> dict:
     def bench(fn) -> float:
         return bench_ms(fn, device, warmup_ms=25, rep_ms=100)
 
@@ -117,7 +137,9 @@ def tune_shape(batch: int, heads: int, seqlen: int, head_dim: int, causal: bool,
     orders = {}
     for kernel in kernels_to_tune:
         start = time.time()
-        for cfg in GRIDS[kernel]:
+        default_cfg = kernel_config(kernel, triton.next_power_of_2(head_dim), dtype, causal)
+        tile = {key: getattr(default_cfg, key) for key in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")}
+        for cfg in with_knobs(tiles or GRIDS[kernel], list(knobs), tile):
             if time.time() - start > budget_s:
                 break
             try:
@@ -161,6 +183,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--budget-s", type=float, default=60.0, help="seconds of tuning per shape")
     parser.add_argument("--kernels", nargs="*", default=DEFAULT_KERNELS, choices=list(GRIDS),
                         help=f"kernels to tune (default {' '.join(DEFAULT_KERNELS)}; none: just time)")
+    parser.add_argument("--knobs", nargs="*", default=[], choices=list(KNOBS),
+                        help="also try each grid config with these KernelConfig switches on and off")
+    parser.add_argument("--tiles", nargs="+", type=parse_tile, metavar="MxNxWARPSxSTAGES",
+                        help="try these launch configs instead of the kernel's grid, e.g. 64x128x8x3")
     parser.add_argument("--out", type=Path, default=Path("tune_flash.json"))
     parser.add_argument("--device", help="cuda (default when present) or cpu (a smoke run in the Triton interpreter)")
     args = parser.parse_args(argv)
@@ -171,7 +197,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for head_dim in args.head_dims:
         for causal in causals:
             r = tune_shape(max(1, args.tokens // args.seqlen), args.heads, args.seqlen, head_dim, causal, torch.bfloat16, args.budget_s,
-                           args.kernels, device)
+                           args.kernels, device, args.knobs, args.tiles)
             results.append(r)
             args.out.write_text(json.dumps({**meta, "results": results}, indent=1))
             fwd_flops = attention_flops(r["batch"], r["heads"], r["seqlen"], r["seqlen"], head_dim, causal, "fwd")

@@ -18,7 +18,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from kernels import attention_flops, flash_attention
-from kernels.flash_attention import KERNELS, forced_config, kernel_config
+from kernels.flash_attention import KERNELS, _tma_ok, forced_config, kernel_config
 from _attention_checks import (  # noqa: F401  poisoned_outputs is a fixture
     DEVICE, DTYPES, check_against_reference, make_qkv, poisoned_outputs, run_fwd_bwd,
 )
@@ -201,6 +201,46 @@ def test_forced_block_sizes_give_the_same_result():
         small = flash_attention(q, k, v, causal=True)
     assert kernel_config("fwd", 32, torch.float32, True).BLOCK_N != 16 or DEVICE == "cuda"
     torch.testing.assert_close(small, default, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bfloat16", "float32"])
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+def test_tma_and_pointer_loads_agree(dtype, layout):
+    # TMA changes only how tiles reach the kernel: rows past seqlen and columns past head_dim (40
+    # is padded to 64) must come in as the zeros the masked loads give, so every kernel's output is
+    # bitwise the same either way; with GQA, ragged lengths and the causal mask's diagonal blocks.
+    batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim = 1, 4, 2, 100, 130, 40
+    if layout == "bhnd":
+        q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype)
+    else:  # the model's (B, N, H, D) storage seen as (B, H, N, D): row stride H·D
+        q, k, v = (torch.randn(batch, n, h, head_dim, device=DEVICE, dtype=dtype).transpose(1, 2).requires_grad_()
+                   for n, h in ((seqlen_q, heads_q), (seqlen_k, heads_kv), (seqlen_k, heads_kv)))
+    assert _tma_ok(q, k, v)
+    do = torch.randn(q.shape, device=DEVICE, dtype=torch.float64)
+    runs = {}
+    for tma in (False, True):
+        with contextlib.ExitStack() as stack:
+            for name in KERNELS:
+                stack.enter_context(forced_config(name, TMA=tma))
+            runs[tma] = [run_fwd_bwd(flash_attention, q, k, v, do, causal=True, deterministic=d) for d in (True, False)]
+    for (out, grads), (out_tma, grads_tma) in zip(runs[False], runs[True]):
+        assert torch.equal(out, out_tma)
+        assert all(torch.equal(a, b) for a, b in zip(grads[1:], grads_tma[1:]))  # dK, dV
+    assert torch.equal(runs[False][0][1][0], runs[True][0][1][0])  # the two-pass dQ (the fused one sums atomically)
+
+
+def test_tma_only_where_the_copy_engine_can_read():
+    x = torch.randn(1, 2, 50, 64, device=DEVICE, dtype=torch.bfloat16)
+    assert _tma_ok(x) and _tma_ok(x.transpose(1, 2).contiguous().transpose(1, 2))
+    assert not _tma_ok(torch.randn(1, 2, 50, 33, device=DEVICE, dtype=torch.bfloat16))  # 66-byte rows
+    assert not _tma_ok(x[..., ::2])  # head_dim not contiguous
+    assert not _tma_ok(x[:, :, :1].expand(1, 2, 50, 64))  # every row the same memory (stride 0)
+    assert not _tma_ok(torch.randn(1, 2, 50, 65, device=DEVICE, dtype=torch.bfloat16)[..., 1:])  # 2-byte offset base
+    # the table asks for TMA where it measured faster; such inputs still work: the launch falls back
+    assert kernel_config("bwd_dq", 64, torch.bfloat16, False).TMA
+    q, k, v = make_qkv(1, 2, 1, 40, 40, 33, torch.bfloat16)
+    with forced_config("fwd", TMA=True), forced_config("bwd_dkdv", TMA=True):
+        check_against_reference(q, k, v, causal=True)
 
 
 def _ok():
