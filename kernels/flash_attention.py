@@ -31,6 +31,11 @@ i.e. five matmuls (10·N²·d FLOPs per head, against 8·N²·d if P had been st
   zeroed (B, H, N, d) buffer, cast to the input dtype at the end: 5 matmuls, but the order of
   the adds, hence dQ's last bits, depends on scheduling.
 
+Loads: the tiles an inner loop streams (K, V past a query block; Q, dO past a key block) come
+either through masked pointer loads or, where the config table measured it faster (the dQ pass;
+the dK/dV pass at d=128) and the layout allows, through TMA tensor descriptors (Hopper's copy
+engine, which zero-fills past the sequence and the head dim just as the masks do).
+
 Under the causal mask the programs differ in length; REVERSE in the launch config starts the
 longest first (the last query blocks; the key-block kernels already start at theirs).
 
