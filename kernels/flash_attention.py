@@ -521,9 +521,10 @@ def _tma_ok(*tensors: torch.Tensor) -> bool:
     """Whether the kernels can build a (seqlen, head_dim) tensor descriptor over every head of
     each tensor: unit stride along head_dim, 16-byte aligned head starts and rows (TMA's rules),
     and a Hopper-or-newer GPU (or the interpreter, which emulates descriptors)."""
+    device = tensors[0].device  # the launchers have checked that q, k, v share one device
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
+        return False
     for t in tensors:
-        if t.device.type == "cuda" and torch.cuda.get_device_capability(t.device)[0] < 9:
-            return False
         size = t.element_size()
         if t.stride(-1) != 1 or t.data_ptr() % 16 or t.stride(-2) == 0:
             return False
