@@ -348,7 +348,10 @@ def _bwd_kv_program(
              _mma_operand(dv, ELEM, UPCAST).to(ELEM), mask=kv_ok)
 
 
-@triton.jit
+# seqlen_q stays a run-time value in the key-block kernels: Triton would otherwise compile
+# seqlen_q == 1 as a constant, fold the one-trip query loop away and leave the GQA loop, which
+# builds the TMA descriptors, as the innermost loop, which its pipeliner cannot compile.
+@triton.jit(do_not_specialize=["seqlen_q"])
 def _bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV,
     stride_qb, stride_qh, stride_qn, stride_qd,
@@ -377,7 +380,7 @@ def _bwd_dkdv_kernel(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seqlen_q"])  # as _bwd_dkdv_kernel
 def _bwd_fused_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
     stride_qb, stride_qh, stride_qn, stride_qd,

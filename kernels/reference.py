@@ -3,6 +3,9 @@
 - `attention_reference`: softmax(q kᵀ · scale) v with every N×N tensor materialised, in float64
   by default (the ground truth), or in another dtype (the error any standard implementation
   makes in that precision: the yardstick of the exactness rule in tests).
+- `attention_backward_reference`: the gradients by FlashAttention's backward formulas
+  (delta = rowsum(dO ∘ O), dS = P ∘ (dP − delta)) in plain tensors of one dtype: the rounding
+  that formula itself makes, which the exactness rule also allows the kernel.
 - `online_softmax_attention`: the FlashAttention forward in plain tensors, one key block at a
   time with the running max m, running sum l and rescale factor α = e^{m_old − m_new}, returning
   the per-block trace so the worked examples of the docs can be checked by hand.
@@ -47,6 +50,37 @@ def attention_reference(
     else:
         probs = torch.softmax(scores, dim=-1)
     return probs @ v
+
+
+def attention_backward_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    do: torch.Tensor,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of `attention_reference` in the inputs' dtype, by the formulas the kernel uses.
+
+    Autograd's softmax backward forms rowsum(P ∘ dP), which is exactly dP when a row sees a single
+    key, so there its gradients are free of rounding by construction. FlashAttention forms
+    delta = rowsum(dO ∘ O) instead (O is at hand, P is not), and dP − delta then cancels to a
+    rounding residue: any implementation of this algorithm in this dtype makes that error."""
+    group = q.shape[1] // k.shape[1]
+    kr, vr = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    with torch.no_grad():
+        o = attention_reference(q, k, v, causal, softmax_scale, dtype=None)
+        scores = (q @ kr.transpose(-2, -1)) * scale
+        visible = causal_mask(q.shape[2], k.shape[2], q.device) if causal else torch.ones_like(scores, dtype=torch.bool)
+        probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1).nan_to_num(0.0)  # no-key rows: 0
+        do = do.to(q.dtype)
+        delta = (do * o).sum(-1, keepdim=True)
+        ds = probs * (do @ vr.transpose(-2, -1) - delta)
+        dq = ds @ kr * scale
+        dk = (ds.transpose(-2, -1) @ q * scale).unflatten(1, (k.shape[1], group)).sum(2)
+        dv = (probs.transpose(-2, -1) @ do).unflatten(1, (k.shape[1], group)).sum(2)
+    return dq, dk, dv
 
 
 @dataclass

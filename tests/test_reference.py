@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from kernels.reference import attention_reference, online_softmax_attention
+from kernels.reference import attention_backward_reference, attention_reference, online_softmax_attention
 
 f64 = dict(dtype=torch.float64)
 
@@ -60,3 +60,15 @@ def test_reference_causal_bottom_right_and_empty_rows():
     assert torch.equal(out[:, :, :2], torch.zeros_like(out[:, :, :2]))
     torch.testing.assert_close(out[:, :, 2], v[:, :, 0].expand(1, 2, 4))
     assert not out.isnan().any()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_formulas_equal_autograd_in_float64(causal):
+    # delta = rowsum(dO ∘ O) and dS = P ∘ (dP − delta) are the softmax gradient, GQA and no-key rows included
+    q = torch.randn(2, 4, 9, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 2, 6, 8, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 2, 6, 8, dtype=torch.float64, requires_grad=True)
+    do = torch.randn(2, 4, 9, 8, dtype=torch.float64)
+    attention_reference(q, k, v, causal).backward(do)
+    for got, want in zip(attention_backward_reference(q.detach(), k.detach(), v.detach(), do, causal), (q.grad, k.grad, v.grad)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
