@@ -22,7 +22,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: only the GPU compiler can reject a launch config"),
 ]
 
-HEAD_DIMS = [13, 24, 40, 59, 64, 80, 96, 111, 128, 200]  # buckets 1-16, 17-32, 33-64, 65-128, 129-256
+HEAD_DIMS = [13, 24, 40, 59, 80, 96, 111, 200]  # buckets 1-16, 17-32, 33-64, 65-128, 129-256 (BLOCK_D 16..256)
 SEQLENS_Q = [1, 2, 17, 113, 255]
 SEQLENS_K = [1, 239, 1024]
 HEADS = [(4, 4), (4, 2), (4, 1)]  # MHA, GQA, MQA
