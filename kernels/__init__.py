@@ -1,4 +1,5 @@
-"""Attention kernels. `flash_attention` is our Triton FlashAttention (forward and backward).
+"""Attention kernels: our Triton FlashAttention (forward and backward, package flash_attn), the
+FLOP formulas (flops) and the float64 reference (reference).
 
 Triton decides when a kernel is *defined* whether it will compile it for a GPU or run it in its
 CPU interpreter (TRITON_INTERPRET=1), and its own library functions (tl.zeros, tl.sum, …) are
@@ -28,7 +29,7 @@ def _select_triton_backend() -> None:
 
 _select_triton_backend()
 
-from kernels.flash_attention import flash_attention  # noqa: E402
+from kernels.flash_attn import flash_attention, flash_attn_backward, flash_attn_forward  # noqa: E402
 from kernels.flops import attention_flops  # noqa: E402
 
-__all__ = ["flash_attention", "attention_flops"]
+__all__ = ["flash_attention", "flash_attn_forward", "flash_attn_backward", "attention_flops"]

@@ -1,14 +1,20 @@
-"""Exactness-rule helpers shared by the kernel's test modules (DESIGN.md, "Exactness rule").
+"""Exactness-rule helpers shared by the kernel's test modules (docs/DESIGN.md, "Exactness rule").
 
 The kernel's max abs error against a float64 reference may be at most 2× (output) or 3×
 (gradients) that of plain PyTorch attention computed in the input dtype, plus 1e-5.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+from typing import Callable, Iterator
+
 import pytest
 import torch
 
 from kernels import flash_attention
+from kernels.flash_attn import launch
+from kernels.flash_attn.launch import KernelConfig
 from kernels.reference import attention_backward_reference, attention_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -25,6 +31,28 @@ def poisoned_outputs(monkeypatch):
 
     monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison(empty(*a, **kw)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poison(empty_like(*a, **kw)))
+
+
+@contextlib.contextmanager
+def launch_table_changed(change: Callable[[str, KernelConfig], dict]) -> Iterator[None]:
+    """Inside the block, the launchers' table lookups for kernel `name` return the table's config
+    with the fields `change(name, config)` gives replaced, so the public function (autograd, custom
+    ops) runs under other launch configs. Direct launcher calls take `config=` instead."""
+    table = launch.kernel_config
+
+    def changed(kernel: str, *args) -> KernelConfig:
+        config = table(kernel, *args)
+        return dataclasses.replace(config, **change(kernel, config))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(launch, "kernel_config", changed)
+        yield
+
+
+def slow_except(values: list, fast: list, ids: Callable) -> list:
+    """Parametrize values, every one not in `fast` marked slow: `-m "not slow"` runs the fast
+    ones, a plain run the whole sweep."""
+    return [pytest.param(v, id=ids(v), marks=() if v in fast else pytest.mark.slow) for v in values]
 
 
 def make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype, requires_grad=True):

@@ -14,8 +14,7 @@ import itertools
 
 import pytest
 import torch
-
-from _attention_checks import check_against_reference, make_qkv
+from _attention_checks import check_against_reference, launch_table_changed, make_qkv
 
 pytestmark = [
     pytest.mark.gpu,
@@ -39,19 +38,7 @@ def _cases():
 
 @pytest.mark.parametrize("head_dim,seqlen_q,seqlen_k,heads,dtype,causal,tma", list(_cases()))
 def test_shape_class_on_gpu(head_dim, seqlen_q, seqlen_k, heads, dtype, causal, tma):
-    from kernels.flash_attention import KERNELS, forced_config
-
     q, k, v = make_qkv(1, heads[0], heads[1], seqlen_q, seqlen_k, head_dim, dtype)
-    with _tma(tma, KERNELS, forced_config):
+    with launch_table_changed(lambda name, config: dict(TMA=False) if tma == "off" else {}):
         for deterministic in (True, False):
             check_against_reference(q, k, v, causal, deterministic=deterministic)
-
-
-def _tma(mode, kernels, forced_config):
-    import contextlib
-
-    stack = contextlib.ExitStack()
-    if mode == "off":
-        for kernel in kernels:
-            stack.enter_context(forced_config(kernel, TMA=False))
-    return stack

@@ -1,34 +1,41 @@
-"""kernels/flash_attention.py under adversarial input: random problems (hypothesis), extreme
+"""kernels/flash_attn under adversarial input: random problems (hypothesis), extreme
 values, NaN/Inf inputs and bad arguments.
 
-The yardstick is the exactness rule of DESIGN.md (tests/_attention_checks.py). Property tests run
+The yardstick is the exactness rule of docs/DESIGN.md (tests/kernels/_attention_checks.py). Property tests run
 a fixed, derandomized "ci" profile by default (5 problems per dtype, about half a minute on 2 CPU
 cores through the Triton interpreter); the larger "gpu" profile is opt-in on a CUDA machine:
 
-    HYPOTHESIS_PROFILE=gpu python -m pytest -q tests/test_flash_attention_hardening.py
+    HYPOTHESIS_PROFILE=gpu python -m pytest -q tests/kernels/test_flash_attn_hardening.py
 
 The profiles are applied to this module's tests only (not loaded globally), so other modules'
 hypothesis settings do not depend on which test file pytest imported first.
 """
 from __future__ import annotations
 
-import importlib
 import math
 import os
 
 import pytest
 import torch
+from _attention_checks import (
+    DEVICE,
+    DTYPES,
+    assert_within_rule,
+    check_against_reference,
+    float64,
+    make_qkv,
+    poisoned_outputs,  # noqa: F401  (a fixture: pytest finds it by this name)
+    run_fwd_bwd,
+    slow_except,
+)
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from kernels import flash_attention
+from kernels.flash_attn import launch
+from kernels.flash_attn.launch import kernel_config
 from kernels.reference import attention_reference, causal_mask
-from _attention_checks import (  # noqa: F401  poisoned_outputs: a fixture, used by name
-    DEVICE, DTYPES, assert_within_rule, check_against_reference, float64, make_qkv, poisoned_outputs, run_fwd_bwd,
-)
 
-# the module (kernels/__init__ rebinds the name kernels.flash_attention to the public function)
-fa = importlib.import_module("kernels.flash_attention")
 poisoned = pytest.mark.usefixtures("poisoned_outputs")  # outputs start as NaN: unwritten elements fail
 
 # ----------------------------------------------------------------------------------------------
@@ -93,6 +100,7 @@ def attention_problems(draw: st.DrawFn) -> dict:
     )
 
 
+@pytest.mark.slow
 @poisoned
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))  # each its own examples
 @settings(settings.get_profile(PROFILE), suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -111,13 +119,13 @@ def test_random_problems_match_float64_reference(dtype, problem):
 def test_layouts_reach_the_kernel_with_their_strides(monkeypatch):
     # the property test is only as good as its layouts: make sure the kernel sees them uncopied
     seen = []
-    launch = fa._flash_forward
+    forward = launch.forward
 
     def spy(q, k, v, *args):
         seen.append((q.stride(), k.stride()))
-        return launch(q, k, v, *args)
+        return forward(q, k, v, *args)
 
-    monkeypatch.setattr(fa, "_flash_forward", spy)
+    monkeypatch.setattr(launch, "forward", spy)
     q, k, v = make_qkv(1, 2, 2, 9, 9, 8, torch.float32, requires_grad=False)
     for layout in LAYOUTS:
         q2, k2 = with_layout(q, layout), with_layout(k, layout)
@@ -155,7 +163,8 @@ def check_extreme(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     return out, grads
 
 
-dtypes = pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+# `-m "not slow"` runs the float32 cases of this section and the NaN ones of the next
+dtypes = pytest.mark.parametrize("dtype", slow_except(DTYPES, [torch.float32], lambda d: str(d).removeprefix("torch.")))
 causal_or_not = pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 # numpy, running the interpreter, warns about the overflow and NaN arithmetic provoked on purpose
 # (e^{huge} of scores that are masked afterwards, NaN - NaN); a compiled kernel raises no flags
@@ -239,8 +248,10 @@ def test_single_key_gives_its_value_and_zero_dk(dtype, seqlen_q, causal):
 # each value with another dtype: the kernel works in float32 after its loads, so the dtype only
 # has to carry the value there (bfloat16 on the interpreter goes through a bit-level rounding)
 NONFINITE = pytest.mark.parametrize(
-    "value, dtype", [(float("nan"), torch.float16), (float("inf"), torch.bfloat16), (float("-inf"), torch.float32)],
-    ids=["nan-float16", "inf-bfloat16", "-inf-float32"],
+    "value, dtype",
+    [pytest.param(float("nan"), torch.float16, id="nan-float16"),
+     pytest.param(float("inf"), torch.bfloat16, id="inf-bfloat16", marks=pytest.mark.slow),
+     pytest.param(float("-inf"), torch.float32, id="-inf-float32", marks=pytest.mark.slow)],
 )
 BATCH, HEADS_Q, HEADS_KV = 2, 1, 1  # the poison goes into batch 0; batch 1 must not notice
 # (output buffers are not NaN-poisoned in this section, so an unwritten row cannot pass for a NaN)
@@ -331,7 +342,7 @@ def test_nonfinite_value_reaches_rows_that_see_it_and_at_most_their_tile(value, 
     # multiplies that 0 by NaN/Inf, which is NaN in IEEE arithmetic (as in every tiled kernel;
     # PyTorch's own attention turns *every* row non-finite here). Rows of tiles that never load
     # key j stay finite and exact: checked against the clean inputs, which they do not depend on.
-    cfg = fa.kernel_config("fwd", 16, dtype, True)
+    cfg = kernel_config("fwd", 16, dtype, True)
     seqlen = cfg.BLOCK_M + 16  # the first query tile never reaches the last keys
     j = seqlen - 8
     r = poisoned_runs("v", (0, 0, j, 3), value, True, dtype, seqlen=seqlen)
@@ -361,7 +372,7 @@ def test_row_whose_every_score_is_minus_inf_is_nan_not_zeros(seqlen_k):
 
 
 # ----------------------------------------------------------------------------------------------
-# Bad input: a clear error before anything is launched (cases test_flash_attention.py lacks)
+# Bad input: a clear error before anything is launched
 # ----------------------------------------------------------------------------------------------
 
 
@@ -374,32 +385,44 @@ def _bad(change=lambda q, k, v: (q, k, v), **shape):
     return lambda: change(*_qkv(**shape))
 
 
-@pytest.mark.parametrize(
-    "make, kwargs, error, message",
-    [
-        (_bad(lambda q, k, v: (q, k[0], v)), {}, ValueError, "k must be 4-D"),
-        (_bad(lambda q, k, v: (q, k, v[None])), {}, ValueError, "v must be 4-D"),
-        (_bad(lambda q, k, v: (q, k, v.bfloat16())), {}, TypeError, "share one dtype"),
-        (_bad(lambda q, k, v: (q, k, v.to("meta"))), {}, ValueError, "one device"),
-        (_bad(lambda q, k, v: (q.to("meta"), k, v)), {}, ValueError, "one device"),
-        (_bad(seqlen_k=0), {}, ValueError, "k is empty"),
-        (_bad(batch=0), {}, ValueError, "q is empty"),
-        (_bad(heads_kv=0), {}, ValueError, "k is empty"),  # not a ZeroDivisionError from heads_q % 0
-        (_bad(head_dim=257), {}, ValueError, "up to 256"),
-        (_bad(heads_q=1, heads_kv=2), {}, ValueError, "not a multiple"),
-        (_bad(lambda q, k, v: (q, k.tolist(), v)), {}, TypeError, "k must be a torch.Tensor"),
-        (_bad(), dict(causal=1), TypeError, "causal must be a bool"),
-        (_bad(), dict(softmax_scale=float("inf")), ValueError, "softmax_scale must be a finite number"),
-        (_bad(), dict(softmax_scale="0.1"), ValueError, "softmax_scale must be a finite number"),
-    ],
-    ids=["k-3d", "v-5d", "v-dtype", "v-meta", "q-meta", "seqlen_k-0", "batch-0", "heads_kv-0", "head_dim-257",
-         "heads_q-below-heads_kv", "k-list", "causal-int", "scale-inf", "scale-str"],
-)
+BAD_INPUTS = {  # id: (make inputs, flash_attention keyword arguments, error, message)
+    "q-3d": (_bad(lambda q, k, v: (q[0], k, v)), {}, ValueError, "q must be 4-D"),
+    "k-3d": (_bad(lambda q, k, v: (q, k[0], v)), {}, ValueError, "k must be 4-D"),
+    "v-5d": (_bad(lambda q, k, v: (q, k, v[None])), {}, ValueError, "v must be 4-D"),
+    "q-str": (_bad(lambda q, k, v: ("q", k, v)), {}, TypeError, "q must be a torch.Tensor"),
+    "k-list": (_bad(lambda q, k, v: (q, k.tolist(), v)), {}, TypeError, "k must be a torch.Tensor"),
+    "float64": (_bad(dtype=torch.float64), {}, TypeError, "supports float16, bfloat16 and float32"),
+    "q-int32": (_bad(lambda q, k, v: (q.int(), k, v)), {}, TypeError, "q has dtype torch.int32"),
+    "k-float16": (_bad(lambda q, k, v: (q, k.half(), v)), {}, TypeError, "share one dtype"),
+    "v-bfloat16": (_bad(lambda q, k, v: (q, k, v.bfloat16())), {}, TypeError, "share one dtype"),
+    "v-meta": (_bad(lambda q, k, v: (q, k, v.to("meta"))), {}, ValueError, "one device"),
+    "q-meta": (_bad(lambda q, k, v: (q.to("meta"), k, v)), {}, ValueError, "one device"),
+    "seqlen_q-0": (_bad(seqlen_q=0), {}, ValueError, "q is empty"),
+    "seqlen_k-0": (_bad(seqlen_k=0), {}, ValueError, "k is empty"),
+    "batch-0": (_bad(batch=0), {}, ValueError, "q is empty"),
+    "head_dim-0": (_bad(head_dim=0), {}, ValueError, "q is empty"),
+    "heads_kv-0": (_bad(heads_kv=0), {}, ValueError, "k is empty"),  # not a ZeroDivisionError from heads_q % 0
+    "head_dim-257": (_bad(head_dim=257), {}, ValueError, "up to 256"),
+    "k-v-shapes": (_bad(lambda q, k, v: (q, torch.randn(2, 2, 8, 16, device=DEVICE), v)), {}, ValueError, "k and v must have the same shape"),
+    "batch-differs": (_bad(lambda q, k, v: (q, k.repeat(2, 1, 1, 1), v.repeat(2, 1, 1, 1))), {}, ValueError, "batch sizes differ"),
+    "head_dim-differs": (_bad(lambda q, k, v: (q, k[..., :8], v[..., :8])), {}, ValueError, "head_dim differs"),
+    "heads_q-3-of-2": (_bad(heads_q=3), {}, ValueError, "not a multiple"),
+    "heads_q-below-heads_kv": (_bad(heads_q=1, heads_kv=2), {}, ValueError, "not a multiple"),
+    "causal-str": (_bad(), dict(causal="yes"), TypeError, "causal must be a bool"),
+    "causal-int": (_bad(), dict(causal=1), TypeError, "causal must be a bool"),
+    "deterministic-none": (_bad(), dict(deterministic=None), TypeError, "deterministic must be a bool"),
+    "scale-nan": (_bad(), dict(softmax_scale=float("nan")), ValueError, "softmax_scale must be a finite number"),
+    "scale-inf": (_bad(), dict(softmax_scale=float("inf")), ValueError, "softmax_scale must be a finite number"),
+    "scale-str": (_bad(), dict(softmax_scale="0.1"), ValueError, "softmax_scale must be a finite number"),
+}
+
+
+@pytest.mark.parametrize("make, kwargs, error, message", BAD_INPUTS.values(), ids=BAD_INPUTS.keys())
 def test_bad_inputs_fail_before_any_launch(make, kwargs, error, message, monkeypatch):
     def no_launch(*args):
         raise AssertionError("a kernel was launched before the input was rejected")
 
-    monkeypatch.setattr(fa, "_flash_forward", no_launch)
+    monkeypatch.setattr(launch, "forward", no_launch)
     with pytest.raises(error, match=message):
         flash_attention(*make(), **kwargs)
 

@@ -1,0 +1,238 @@
+"""The backward kernels (FlashAttention-2, Algorithm 2, with recomputation).
+
+First delta = rowsum(dO ∘ O) (= rowsum(P ∘ dP)). Then the probabilities are rebuilt tile by tile
+from Q, K and the saved LSE, P = e^{S − LSE}, and
+
+    dV = Pᵀ dO,   dP = dO Vᵀ,   dS = P ∘ (dP − delta),   dK = scale · dSᵀ Q,   dQ = scale · dS K
+
+i.e. five matmuls (10·N²·d FLOPs per head, against 8·N²·d if P had been stored). Two schedules:
+
+- deterministic (default): two passes without atomics. One program per key block accumulates dK
+  and dV over all query blocks (and over the query heads of its GQA group), another per query
+  block accumulates dQ over all key blocks. Each pass recomputes S and dP: 7 matmuls, the price
+  of determinism.
+- fused (deterministic=False, FA2's original schedule): the key-block programs also compute
+  their share scale · dS K of each query block's dQ and add it with float32 atomics into a
+  zeroed (B, H, N, d) buffer, cast to the input dtype at the end: 5 matmuls, but the order of
+  the adds, hence dQ's last bits, depends on scheduling.
+
+Kernels, in the order they run: bwd_preprocess_kernel (delta), bwd_kv_kernel (one key block's
+dK, dV, and with ATOMIC_DQ its dQ share: the fused schedule), bwd_dq_kernel (the second pass).
+"""
+import triton
+import triton.language as tl
+
+from kernels.flash_attn.tiles import LOG2E, causal_bounds, load_rows, mma_operand, row_source
+
+
+@triton.jit
+def bwd_preprocess_kernel(
+    O, DO, DELTA,  # noqa: E741  (O: the output, named as in the equations)
+    stride_ob, stride_oh, stride_on, stride_od,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    heads_q, seqlen_q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """delta_i = Σ_d dO_id · O_id, the row term of dS = P ∘ (dP − delta)."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D)
+    ok = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
+    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od, mask=ok, other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod, mask=ok, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + (b * heads_q + h) * seqlen_q + offs_m, delta, mask=offs_m < seqlen_q)
+
+
+@triton.jit
+def _bwd_kv_inner(
+    dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_base,
+    stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
+    offs_n, offs_m0, offs_d, lo, hi, seqlen_q, offset, qk_scale, softmax_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    ELEM: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
+):
+    """dV += Pᵀ dO and dK += dSᵀ Q (unscaled) over the query blocks [lo, hi) of one head."""
+    d_ok = offs_d[None, :] < HEAD_DIM
+    for start_m in range(lo, hi, BLOCK_M):
+        rows = start_m + offs_m0
+        row_ok = rows < seqlen_q
+        q = mma_operand(load_rows(q_src, start_m, offs_m0, offs_d, seqlen_q, stride_qn, stride_qd, HEAD_DIM, TMA), ELEM, UPCAST)
+        # rows past the end get LSE = +inf, hence P = 0: no score mask needed for them
+        lse2 = tl.load(lse_base + rows, mask=row_ok, other=float("inf")) * LOG2E
+        # recompute Pᵀ (BLOCK_N, BLOCK_M) from Q, K and the saved LSE
+        p_t = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale - lse2[None, :])
+        if MASKED:
+            p_t = tl.where(offs_n[:, None] <= rows[None, :] + offset, p_t, 0.0)
+        do = mma_operand(load_rows(do_src, start_m, offs_m0, offs_d, seqlen_q, stride_don, stride_dod, HEAD_DIM, TMA), ELEM, UPCAST)
+        dv = tl.dot(mma_operand(p_t, ELEM, UPCAST), do, dv, input_precision=DOT_PRECISION)
+        delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        ds_t = mma_operand(p_t * (dp_t - delta[None, :]), ELEM, UPCAST)
+        dk = tl.dot(ds_t, q, dk, input_precision=DOT_PRECISION)
+        if ATOMIC_DQ:
+            # the fused schedule's fifth matmul: this key block's share of dQ = scale · dS K for these
+            # rows (BLOCK_M, BLOCK_D), added in float32 to what the other key blocks' programs add.
+            # Relaxed: the sum is read only after the kernel ends, so no ordering is needed between adds.
+            dq = tl.dot(tl.trans(ds_t), k, input_precision=DOT_PRECISION) * softmax_scale
+            tl.atomic_add(dq_base + rows[:, None] * stride_dqn + offs_d[None, :] * stride_dqd, dq,
+                          mask=row_ok[:, None] & d_ok, sem="relaxed")
+    return dk, dv
+
+
+# seqlen_q stays a run-time value in the key-block kernel: Triton would otherwise compile
+# seqlen_q == 1 as a constant, fold the one-trip query loop away and leave the GQA loop, which
+# builds the TMA descriptors, as the innermost loop, which its pipeliner cannot compile.
+@triton.jit(do_not_specialize=["seqlen_q"])
+def bwd_kv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
+    heads_q, group, seqlen_q, seqlen_k, qk_scale, softmax_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, REVERSE: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
+):
+    """One key block's dK and dV. ATOMIC_DQ=False: the deterministic schedule's first pass (DQ and
+    its strides are unused, None). ATOMIC_DQ=True: the fused schedule, which also adds the block's
+    dQ share into the zeroed float32 buffer DQ."""
+    pid_n = tl.program_id(0)  # grid (key blocks, kv heads, batch)
+    if REVERSE:
+        pid_n = tl.num_programs(0) - 1 - pid_n
+    start_n = pid_n * BLOCK_N
+    kvh = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    ELEM: tl.constexpr = Q.dtype.element_ty
+    offset = seqlen_k - seqlen_q
+
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    kv_ok = (offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM)
+    # this key block's K and V stay on chip while every query block streams past
+    k = tl.load(K + b * stride_kb + kvh * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_ok, other=0.0)
+    v = tl.load(V + b * stride_vb + kvh * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_ok, other=0.0)
+    k = mma_operand(k, ELEM, UPCAST)
+    v = mma_operand(v, ELEM, UPCAST)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+    if CAUSAL:
+        # first query row that sees key start_n, and first that sees the whole block
+        lo = tl.maximum(start_n - offset, 0) // BLOCK_M * BLOCK_M
+        full_start = tl.maximum(lo, tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - offset, 0), BLOCK_M) * BLOCK_M)
+    else:
+        lo = 0
+        full_start = 0
+    for g in range(0, group):  # dK, dV sum over the query heads that share this kv head
+        h = kvh * group + g
+        q_src = row_source(Q + b * stride_qb + h * stride_qh, seqlen_q, stride_qn, stride_qd, BLOCK_M, BLOCK_D, HEAD_DIM, TMA)
+        do_src = row_source(DO + b * stride_dob + h * stride_doh, seqlen_q, stride_don, stride_dod, BLOCK_M, BLOCK_D, HEAD_DIM, TMA)
+        dq_base = DQ
+        if ATOMIC_DQ:
+            dq_base = DQ + b * stride_dqb + h * stride_dqh
+        row_base = (b * heads_q + h) * seqlen_q
+        # the diagonal query blocks (causal: masked), then those that see the whole key block
+        dk, dv = _bwd_kv_inner(
+            dk, dv, k, v, q_src, do_src, LSE + row_base, DELTA + row_base, dq_base,
+            stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
+            offs_n, offs_m0, offs_d, lo, tl.minimum(full_start, seqlen_q), seqlen_q, offset, qk_scale, softmax_scale,
+            HEAD_DIM, BLOCK_M, True, ATOMIC_DQ, ELEM, UPCAST, DOT_PRECISION, TMA,
+        )
+        dk, dv = _bwd_kv_inner(
+            dk, dv, k, v, q_src, do_src, LSE + row_base, DELTA + row_base, dq_base,
+            stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
+            offs_n, offs_m0, offs_d, full_start, seqlen_q, seqlen_q, offset, qk_scale, softmax_scale,
+            HEAD_DIM, BLOCK_M, False, ATOMIC_DQ, ELEM, UPCAST, DOT_PRECISION, TMA,
+        )
+    dk = dk * softmax_scale
+    tl.store(DK + b * stride_dkb + kvh * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
+             mma_operand(dk, ELEM, UPCAST).to(ELEM), mask=kv_ok)
+    tl.store(DV + b * stride_dvb + kvh * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
+             mma_operand(dv, ELEM, UPCAST).to(ELEM), mask=kv_ok)
+
+
+@triton.jit
+def _bwd_dq_inner(
+    dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+    offs_m, offs_n0, offs_d, lo, hi, seqlen_k, offset, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    ELEM: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
+):
+    """dQ += dS K (unscaled) over the key blocks [lo, hi)."""
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n0
+        k = mma_operand(load_rows(k_src, start_n, offs_n0, offs_d, seqlen_k, stride_kn, stride_kd, HEAD_DIM, TMA), ELEM, UPCAST)
+        v = mma_operand(load_rows(v_src, start_n, offs_n0, offs_d, seqlen_k, stride_vn, stride_vd, HEAD_DIM, TMA), ELEM, UPCAST)
+        p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale - lse2[:, None])
+        if MASKED:
+            keep = cols[None, :] < seqlen_k
+            if CAUSAL:
+                keep = keep & (cols[None, :] <= offs_m[:, None] + offset)
+            p = tl.where(keep, p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(mma_operand(ds, ELEM, UPCAST), k, dq, input_precision=DOT_PRECISION)
+    return dq
+
+
+@triton.jit
+def bwd_dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
+    heads_q, group, seqlen_q, seqlen_k, qk_scale, softmax_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, REVERSE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    """One query block's dQ: the deterministic schedule's second pass."""
+    pid_m = tl.program_id(0)  # grid (query blocks, heads, batch)
+    if REVERSE:  # longest (causal: last) query blocks first, as in the forward
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    start_m = pid_m * BLOCK_M
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    kvh = h // group
+    row0 = (b * heads_q + h) * seqlen_q
+    ELEM: tl.constexpr = Q.dtype.element_ty
+    offset = seqlen_k - seqlen_q
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < seqlen_q
+    q_ok = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd, mask=q_ok, other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod, mask=q_ok, other=0.0)
+    q = mma_operand(q, ELEM, UPCAST)  # q and dO stay on chip while the key blocks stream past
+    do = mma_operand(do, ELEM, UPCAST)
+    lse2 = tl.load(LSE + row0 + offs_m, mask=row_ok, other=float("inf")) * LOG2E
+    delta = tl.load(DELTA + row0 + offs_m, mask=row_ok, other=0.0)
+    k_src = row_source(K + b * stride_kb + kvh * stride_kh, seqlen_k, stride_kn, stride_kd, BLOCK_N, BLOCK_D, HEAD_DIM, TMA)
+    v_src = row_source(V + b * stride_vb + kvh * stride_vh, seqlen_k, stride_vn, stride_vd, BLOCK_N, BLOCK_D, HEAD_DIM, TMA)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    full_end, hi = causal_bounds(start_m, BLOCK_M, BLOCK_N, seqlen_k, offset, CAUSAL)
+    dq = _bwd_dq_inner(
+        dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+        offs_m, offs_n0, offs_d, 0, full_end, seqlen_k, offset, qk_scale,
+        HEAD_DIM, BLOCK_N, False, CAUSAL, ELEM, UPCAST, DOT_PRECISION, TMA,
+    )
+    dq = _bwd_dq_inner(
+        dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+        offs_m, offs_n0, offs_d, full_end, hi, seqlen_k, offset, qk_scale,
+        HEAD_DIM, BLOCK_N, True, CAUSAL, ELEM, UPCAST, DOT_PRECISION, TMA,
+    )
+    dq = dq * softmax_scale
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqn + offs_d[None, :] * stride_dqd,
+             mma_operand(dq, ELEM, UPCAST).to(ELEM), mask=q_ok)

@@ -1,0 +1,118 @@
+"""The forward kernel (FlashAttention-2, Dao 2023, Algorithm 1).
+
+One program owns a block of BLOCK_M query rows, which stays in SRAM/registers while blocks of
+BLOCK_N keys and values stream past. Per row it keeps the running max m, the running sum
+l = Σ_j e^{s_j − m} and the unnormalised output o. For each key block with scores s
+(BLOCK_M × BLOCK_N):
+
+    m_new = max(m, rowmax(s))
+    α     = e^{m − m_new}               (rescales what was summed under the old max)
+    p     = e^{s − m_new}
+    l     = α·l + rowsum(p)
+    o     = α·o + p V
+
+and at the end O = o / l and LSE = m + log l (the row's log-sum-exp), the only two things
+written. Exponentials are exp2 with log2(e)·scale folded into the scores.
+"""
+import triton
+import triton.language as tl
+
+from kernels.flash_attn.tiles import LN2, causal_bounds, load_rows, mma_operand, row_source
+
+
+@triton.jit
+def _fwd_inner(
+    acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+    offs_m, offs_n, offs_d, lo, hi, seqlen_k, offset, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    ELEM: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
+):
+    """The online-softmax update above, over the key blocks [lo, hi)."""
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        k = mma_operand(load_rows(k_src, start_n, offs_n, offs_d, seqlen_k, stride_kn, stride_kd, HEAD_DIM, TMA), ELEM, UPCAST)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N) raw scores
+        if MASKED:
+            keep = cols[None, :] < seqlen_k
+            if CAUSAL:
+                keep = keep & (cols[None, :] <= offs_m[:, None] + offset)
+            s = tl.where(keep, s, float("-inf"))
+        # m is kept in base-2 units: e^{scale·s} = exp2(log2(e)·scale·s), so p is one FMA + exp2
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        m_sub = m_new
+        if MASKED:
+            # a row that has seen no key yet keeps m = -inf; subtract 0 so e^{-inf - (-inf)} never appears
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s * qk_scale - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = mma_operand(load_rows(v_src, start_n, offs_n, offs_d, seqlen_k, stride_vn, stride_vd, HEAD_DIM, TMA), ELEM, UPCAST)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(mma_operand(p, ELEM, UPCAST), v, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def fwd_kernel(
+    Q, K, V, O, LSE,  # noqa: E741  (O: the output, named as in the equations)
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_on, stride_od,
+    heads_q, group, seqlen_q, seqlen_k, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, REVERSE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    # grid (query blocks, heads, batch): the blocks of one head run together, so its K/V stay in L2
+    pid_m = tl.program_id(0)
+    if REVERSE:  # causal: the last query blocks see the most keys; launching them first shortens the tail
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    start_m = pid_m * BLOCK_M
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    kvh = h // group  # GQA: query head h reads kv head h // (heads_q / heads_kv)
+    row0 = (b * heads_q + h) * seqlen_q  # this head's rows in LSE
+    ELEM: tl.constexpr = Q.dtype.element_ty
+    offset = seqlen_k - seqlen_q  # bottom-right causal alignment
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    q_ok = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
+    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
+    q = mma_operand(tl.load(q_ptrs, mask=q_ok, other=0.0), ELEM, UPCAST)  # stays on chip for the whole loop
+    k_src = row_source(K + b * stride_kb + kvh * stride_kh, seqlen_k, stride_kn, stride_kd, BLOCK_N, BLOCK_D, HEAD_DIM, TMA)
+    v_src = row_source(V + b * stride_vb + kvh * stride_vh, seqlen_k, stride_vn, stride_vd, BLOCK_N, BLOCK_D, HEAD_DIM, TMA)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    full_end, hi = causal_bounds(start_m, BLOCK_M, BLOCK_N, seqlen_k, offset, CAUSAL)
+    # key blocks every row sees in full: no mask arithmetic at all
+    acc, l_i, m_i = _fwd_inner(
+        acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+        offs_m, offs_n, offs_d, 0, full_end, seqlen_k, offset, qk_scale,
+        HEAD_DIM, BLOCK_N, False, CAUSAL, ELEM, UPCAST, DOT_PRECISION, TMA,
+    )
+    # the diagonal blocks (causal) and the ragged last block; blocks above the diagonal are skipped
+    acc, l_i, m_i = _fwd_inner(
+        acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+        offs_m, offs_n, offs_d, full_end, hi, seqlen_k, offset, qk_scale,
+        HEAD_DIM, BLOCK_N, True, CAUSAL, ELEM, UPCAST, DOT_PRECISION, TMA,
+    )
+
+    if CAUSAL:
+        # rows that see no key (seqlen_q > seqlen_k): output 0/1 = 0 and LSE = +inf (so the
+        # backward's P = e^{S - LSE} is 0). Decided by position, not by l == 0: a row whose every
+        # score is -inf (a -inf input) also ends with l = 0 and must give 0/0 = NaN, as softmax does.
+        empty = offs_m + offset < 0
+        l_i = tl.where(empty, 1.0, l_i)
+        m_i = tl.where(empty, float("inf"), m_i)
+    acc = acc / l_i[:, None]
+    lse = (m_i + tl.math.log2(l_i)) * LN2  # m is in base-2 units: back to the natural log
+    tl.store(LSE + row0 + offs_m, lse, mask=offs_m < seqlen_q)
+    o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, mma_operand(acc, ELEM, UPCAST).to(ELEM), mask=q_ok)

@@ -1,0 +1,256 @@
+"""Host side of the kernels: launch configs (the tuned table), the TMA rules, and the launchers.
+
+Every launcher takes an optional `config` (None: the table's choice), so a caller that studies
+another config (scripts/tune_flash.py, the block-size study, the tests) passes one explicitly;
+nothing global changes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+import triton
+
+from kernels.flash_attn.backward import bwd_dq_kernel, bwd_kv_kernel, bwd_preprocess_kernel
+from kernels.flash_attn.forward import fwd_kernel
+from kernels.flash_attn.tiles import LOG2E
+
+# forward, deterministic backward (dK/dV pass, dQ pass) and the single-pass atomic-dQ backward
+KERNELS = ("fwd", "bwd_dkdv", "bwd_dq", "bwd_fused")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    """Tile sizes and launch knobs of one kernel (BLOCK_M query rows × BLOCK_N keys).
+
+    REVERSE: program i takes block (number of blocks − 1 − i). The GPU starts programs roughly in
+    index order, so this decides which blocks run in the last, partly idle wave; under the causal
+    mask the longest should start first (the last query blocks, the first key blocks).
+    TMA: the inner loop's streamed tiles come through tensor descriptors (Hopper's copy engine)
+    instead of masked pointer loads; used only where the tensors allow it (tma_ok)."""
+
+    BLOCK_M: int
+    BLOCK_N: int
+    num_warps: int = 4
+    num_stages: int = 2
+    REVERSE: bool = False
+    TMA: bool = False
+
+    def launch_kwargs(self, *tensors: torch.Tensor) -> dict:
+        """Kernel keyword arguments; TMA falls back to pointer loads when one of `tensors` (the
+        ones the kernel streams through descriptors) has a layout the copy engine can't take."""
+        tma = self.TMA and tma_ok(*tensors)
+        if tma:
+            _ensure_allocator()
+        return dict(BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, REVERSE=self.REVERSE, TMA=tma,
+                    num_warps=self.num_warps, num_stages=self.num_stages)
+
+
+# ----------------------------------------------------------------------------------------------
+# The launch table: H200 measurements (docs/perf-notes.md, "Launch table: where each default
+# came from"). Keyed by (kernel, padded head dim up to 64 / 128 / 256, dtype class). REVERSE here
+# means "reverse the program order under the causal mask"; kernel_config applies it.
+# ----------------------------------------------------------------------------------------------
+
+_FP32_OR_D256 = KernelConfig(32, 32, num_warps=8, num_stages=2)  # backward: fit shared memory and registers
+
+LAUNCH_TABLE: dict[tuple[str, str, str], KernelConfig] = {
+    ("fwd", "d64", "16bit"): KernelConfig(128, 64, num_warps=8, num_stages=3, REVERSE=True),
+    ("fwd", "d128", "16bit"): KernelConfig(128, 128, num_warps=8, num_stages=3, REVERSE=True),  # 128×128 beat 128×64
+    ("fwd", "d256", "16bit"): KernelConfig(64, 32, num_warps=8, num_stages=2, REVERSE=True),  # wider tiles: fit shared memory
+    ("fwd", "d64", "fp32"): KernelConfig(64, 32, num_warps=4, num_stages=2, REVERSE=True),
+    ("fwd", "d128", "fp32"): KernelConfig(64, 32, num_warps=8, num_stages=2, REVERSE=True),
+    ("fwd", "d256", "fp32"): KernelConfig(64, 32, num_warps=8, num_stages=2, REVERSE=True),
+    # bwd_dkdv: programs own BLOCK_N keys (dK, dV accumulators) and stream BLOCK_M queries
+    ("bwd_dkdv", "d64", "16bit"): KernelConfig(32, 128, num_warps=4, num_stages=3),
+    ("bwd_dkdv", "d128", "16bit"): KernelConfig(64, 128, num_warps=8, num_stages=3, TMA=True),  # two warp groups, TMA loads
+    ("bwd_dkdv", "d256", "16bit"): _FP32_OR_D256,
+    ("bwd_dkdv", "d64", "fp32"): _FP32_OR_D256,
+    ("bwd_dkdv", "d128", "fp32"): _FP32_OR_D256,
+    ("bwd_dkdv", "d256", "fp32"): _FP32_OR_D256,
+    # bwd_dq: programs own BLOCK_M queries and stream BLOCK_N keys (TMA loads of K and V measured faster)
+    ("bwd_dq", "d64", "16bit"): KernelConfig(128, 64, num_warps=8, num_stages=3, TMA=True),  # REVERSE measured slower at d=64
+    ("bwd_dq", "d128", "16bit"): KernelConfig(128, 64, num_warps=8, num_stages=3, REVERSE=True, TMA=True),
+    ("bwd_dq", "d256", "16bit"): dataclasses.replace(_FP32_OR_D256, REVERSE=True),
+    ("bwd_dq", "d64", "fp32"): _FP32_OR_D256,
+    ("bwd_dq", "d128", "fp32"): dataclasses.replace(_FP32_OR_D256, REVERSE=True),
+    ("bwd_dq", "d256", "fp32"): dataclasses.replace(_FP32_OR_D256, REVERSE=True),
+    # bwd_fused: as bwd_dkdv, plus a (BLOCK_M, d) dQ tile added atomically per step
+    ("bwd_fused", "d64", "16bit"): KernelConfig(32, 128, num_warps=4, num_stages=3),
+    ("bwd_fused", "d128", "16bit"): KernelConfig(64, 128, num_warps=8, num_stages=3),
+    ("bwd_fused", "d256", "16bit"): _FP32_OR_D256,
+    ("bwd_fused", "d64", "fp32"): _FP32_OR_D256,
+    ("bwd_fused", "d128", "fp32"): _FP32_OR_D256,
+    ("bwd_fused", "d256", "fp32"): _FP32_OR_D256,
+}
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def kernel_config(kernel: str, block_d: int, dtype: torch.dtype, causal: bool) -> KernelConfig:
+    """The table's launch config for one kernel (one of KERNELS), from the padded head dim and dtype.
+
+    One table for every caller (tests, training, benchmarks). The interpreter gets 64×64 blocks,
+    because its cost grows with the number of programs × key blocks, not with tile size, but the
+    GPU entry's TMA setting, so that CPU tests run the load path the GPU runs. `causal` only sets
+    REVERSE; tiles are shared by both settings."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {', '.join(map(repr, KERNELS))}, got {kernel!r}")
+    head_dim_class = "d64" if block_d <= 64 else "d128" if block_d <= 128 else "d256"
+    config = LAUNCH_TABLE[kernel, head_dim_class, "fp32" if dtype == torch.float32 else "16bit"]
+    if interpreting():
+        config = KernelConfig(64, 64, REVERSE=config.REVERSE, TMA=config.TMA)
+    return dataclasses.replace(config, REVERSE=causal and config.REVERSE)
+
+
+# ----------------------------------------------------------------------------------------------
+# TMA rules
+# ----------------------------------------------------------------------------------------------
+
+
+def tma_ok(*tensors: torch.Tensor) -> bool:
+    """Whether the kernels can build a (seqlen, head_dim) tensor descriptor over every head of
+    each tensor: unit stride along head_dim, 16-byte aligned head starts and rows (TMA's rules),
+    and a Hopper-or-newer GPU (or the interpreter, which emulates descriptors)."""
+    device = tensors[0].device  # the launchers have checked that q, k, v share one device
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
+        return False
+    for t in tensors:
+        size = t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or t.stride(-2) == 0:
+            return False
+        if any((stride * size) % 16 for stride in t.stride()[:-1]):
+            return False
+    return True
+
+
+def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    # device-side descriptors live in a small global workspace that Triton asks for at launch
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _ensure_allocator() -> None:
+    """Give Triton a workspace allocator for the descriptors. Triton keeps it in a ContextVar,
+    i.e. per thread, and autograd runs the backward in its own thread: so set it at each launch."""
+    if not interpreting():
+        triton.set_allocator(_tma_scratch)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers: inputs in (B, H, N, D) layout, any strides; checked by the public functions
+# ----------------------------------------------------------------------------------------------
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # float32 inputs get true float32 products unless the user opted into TF32 globally
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
+
+
+def _launch_args(q: torch.Tensor) -> dict:
+    block_d = max(16, triton.next_power_of_2(q.shape[-1]))  # tl.dot needs K >= 16
+    return dict(
+        HEAD_DIM=q.shape[-1],
+        BLOCK_D=block_d,
+        UPCAST=interpreting() and q.dtype == torch.bfloat16,
+        DOT_PRECISION=_dot_precision(q.dtype),
+    )
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+            config: KernelConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """O (q's dtype and layout) and LSE (float32, (B, Hq, Nq), natural log)."""
+    batch, heads_q, seqlen_q, _ = q.shape
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    o = torch.empty_like(q)  # keeps q's memory layout, so a (B, N, H, D) view stays cheap to reshape
+    lse = torch.empty((batch, heads_q, seqlen_q), device=q.device, dtype=torch.float32)
+    consts = _launch_args(q)
+    cfg = config or kernel_config("fwd", consts["BLOCK_D"], q.dtype, causal)
+    grid = (triton.cdiv(seqlen_q, cfg.BLOCK_M), heads_q, batch)
+    fwd_kernel[grid](
+        q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E.value,
+        CAUSAL=causal, **cfg.launch_kwargs(k, v), **consts,
+    )
+    return o, lse
+
+
+def backward_delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
+    """delta = rowsum(dO ∘ O), float32 (B, Hq, Nq)."""
+    batch, heads_q, seqlen_q, head_dim = o.shape
+    delta = torch.empty((batch, heads_q, seqlen_q), device=o.device, dtype=torch.float32)
+    block_m = 64
+    bwd_preprocess_kernel[(triton.cdiv(seqlen_q, block_m), heads_q, batch)](
+        o, do, delta, *o.stride(), *do.stride(), heads_q, seqlen_q,
+        HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=block_m,
+    )
+    return delta
+
+
+def _launch_key_blocks(do, q, k, v, lse, delta, causal: bool, scale: float, cfg: KernelConfig, consts: dict,
+                       dq_acc: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """bwd_kv_kernel over (key blocks, kv heads, batch); dq_acc: the fused schedule's float32 dQ
+    buffer (ATOMIC_DQ), or None for the deterministic pass, which has no dQ to write."""
+    batch, heads_q, seqlen_q, _ = q.shape
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dq_args = (None,) * 5 if dq_acc is None else (dq_acc, *dq_acc.stride())
+    bwd_kv_kernel[(triton.cdiv(seqlen_k, cfg.BLOCK_N), heads_kv, batch)](
+        q, k, v, do, lse, delta, dk, dv, dq_args[0],
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *dq_args[1:],
+        heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E.value, scale,
+        CAUSAL=causal, ATOMIC_DQ=dq_acc is not None, **cfg.launch_kwargs(q, do), **consts,
+    )
+    return dk, dv
+
+
+def backward_dkdv(do, q, k, v, lse, delta, causal: bool, scale: float,
+                  config: KernelConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The deterministic schedule's first pass: dK, dV."""
+    consts = _launch_args(q)
+    cfg = config or kernel_config("bwd_dkdv", consts["BLOCK_D"], q.dtype, causal)
+    return _launch_key_blocks(do, q, k, v, lse, delta, causal, scale, cfg, consts, dq_acc=None)
+
+
+def backward_dq(do, q, k, v, lse, delta, causal: bool, scale: float, config: KernelConfig | None = None) -> torch.Tensor:
+    """The deterministic schedule's second pass: dQ."""
+    batch, heads_q, seqlen_q, _ = q.shape
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    consts = _launch_args(q)
+    cfg = config or kernel_config("bwd_dq", consts["BLOCK_D"], q.dtype, causal)
+    dq = torch.empty_like(q)
+    bwd_dq_kernel[(triton.cdiv(seqlen_q, cfg.BLOCK_M), heads_q, batch)](
+        q, k, v, do, lse, delta, dq,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+        heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E.value, scale,
+        CAUSAL=causal, **cfg.launch_kwargs(k, v), **consts,
+    )
+    return dq
+
+
+def backward_fused(do, q, k, v, lse, delta, causal: bool, scale: float,
+                   config: KernelConfig | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The single-pass schedule: dK, dV and atomically summed dQ."""
+    consts = _launch_args(q)
+    cfg = config or kernel_config("bwd_fused", consts["BLOCK_D"], q.dtype, causal)
+    # every key block adds its share of dQ here: float32 (exact adds of the tiles; bf16 atomics also
+    # lack interpreter support), zeroed, in q's layout so the final cast keeps it
+    dq_acc = torch.zeros_like(q, dtype=torch.float32)
+    dk, dv = _launch_key_blocks(do, q, k, v, lse, delta, causal, scale, cfg, consts, dq_acc=dq_acc)
+    return dq_acc.to(q.dtype), dk, dv  # the cast is a no-op for float32 inputs
+
+
+def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+             causal: bool, scale: float, deterministic: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ, dK, dV) with the table's configs: two passes if deterministic, else the fused one."""
+    delta = backward_delta(o, do)
+    if not deterministic:
+        return backward_fused(do, q, k, v, lse, delta, causal, scale)
+    dk, dv = backward_dkdv(do, q, k, v, lse, delta, causal, scale)
+    dq = backward_dq(do, q, k, v, lse, delta, causal, scale)
+    return dq, dk, dv

@@ -1,0 +1,66 @@
+"""The kernels as PyTorch ops: custom ops (opaque to torch.compile, so fullgraph works), fake
+impls (shapes only: meta tensors, tracing), autograd, and FLOP formulas for FlopCounterMode."""
+from __future__ import annotations
+
+import torch
+from torch.utils.flop_counter import register_flop_formula
+
+from kernels.flash_attn import launch
+from kernels.flops import attention_flops
+
+
+@torch.library.custom_op("flashgpt::flash_attn_fwd", mutates_args=())
+def flash_attn_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, deterministic: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # `deterministic` does not change the forward: it is an input here so that autograd's
+    # setup_context can hand it to the backward op
+    return launch.forward(q, k, v, causal, scale)
+
+
+@flash_attn_fwd.register_fake
+def _(q, k, v, causal, scale, deterministic=True):
+    batch, heads_q, seqlen_q, _ = q.shape
+    return torch.empty_like(q), q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashgpt::flash_attn_bwd", mutates_args=())
+def flash_attn_bwd(
+    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+    causal: bool, scale: float, deterministic: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return launch.backward(do, q, k, v, o, lse, causal, scale, deterministic)
+
+
+@flash_attn_bwd.register_fake
+def _(do, q, k, v, o, lse, causal, scale, deterministic=True):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, causal, scale, deterministic = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
+
+
+def _backward(ctx, do, _dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = flash_attn_bwd(do, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic)
+    return dq, dk, dv, None, None, None
+
+
+flash_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+@register_flop_formula(torch.ops.flashgpt.flash_attn_fwd)
+def _fwd_flops(q_shape, k_shape, v_shape, causal, scale, *args, **kwargs) -> int:
+    batch, heads_q, seqlen_q, head_dim = q_shape
+    return attention_flops(batch, heads_q, seqlen_q, k_shape[2], head_dim, causal, "fwd")
+
+
+@register_flop_formula(torch.ops.flashgpt.flash_attn_bwd)
+def _bwd_flops(do_shape, q_shape, k_shape, v_shape, o_shape, lse_shape, causal, scale, *args, **kwargs) -> int:
+    # the algorithm's 5 matmuls for both schedules (the two-pass one executes 7; kernels/flops.py)
+    batch, heads_q, seqlen_q, head_dim = q_shape
+    return attention_flops(batch, heads_q, seqlen_q, k_shape[2], head_dim, causal, "bwd")
