@@ -20,7 +20,7 @@ def forward_backward(model: GPT, idx: torch.Tensor, targets: torch.Tensor) -> tu
 
 
 def test_same_weights_same_logits_and_grads_across_attentions():
-    """DESIGN.md's exactness rule at model level: against a float64 copy, each attention's error is
+    """docs/DESIGN.md's exactness rule at model level: against a float64 copy, each attention's error is
     at most 2x (logits) / 3x (each gradient) that of the textbook fp32 model, plus 1e-5."""
     torch.manual_seed(0)
     model = GPT(TINY)

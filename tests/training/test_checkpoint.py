@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from _runs import CPU, read_metrics, tiny_model_and_optimizer
-from conftest import REPO
+from conftest import CONFIGS, REPO, SHRINK
 from model import GPT, GPTConfig
 from training import train
 from training.checkpoint import (
@@ -209,12 +209,11 @@ def test_weights_with_nan_never_overwrite_a_checkpoint(tmp_path):
 
 
 # A run (data=synthetic, checkpoints every 2 steps) whose second checkpoint write stalls halfway
-# through the file, so the test can SIGKILL it there. argv: out_dir, cache_dir.
+# through the file, so the test can SIGKILL it there. argv: the config directory, then overrides.
 STALLS_IN_SECOND_CHECKPOINT = """
 import io, sys, time
-sys.path.insert(0, "tests")
-from conftest import SHRINK, compose_config
 import torch
+from hydra import compose, initialize_config_dir
 from training import train
 
 real_save, saves = torch.save, []
@@ -232,9 +231,8 @@ def stalling_save(obj, f, *args, **kwargs):
         time.sleep(600)
 
 torch.save = stalling_save
-out, cache = sys.argv[1:]
-train(compose_config(*SHRINK, "attention=sdpa", "ckpt_every=2", "data=synthetic", "data.vocab_size=100",
-                     "data.num_tokens=5000", f"out_dir={out}", f"cache_dir={cache}"))
+with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
+    train(compose(config_name="config", overrides=sys.argv[2:]))
 """
 
 
@@ -242,7 +240,8 @@ train(compose_config(*SHRINK, "attention=sdpa", "ckpt_every=2", "data=synthetic"
 def test_sigkill_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, tiny_cfg):
     out, cache = tmp_path / "run", tmp_path / "cache"
     proc = subprocess.Popen(
-        [sys.executable, "-c", STALLS_IN_SECOND_CHECKPOINT, str(out), str(cache)],
+        [sys.executable, "-c", STALLS_IN_SECOND_CHECKPOINT, str(CONFIGS), *SHRINK, "attention=sdpa", "ckpt_every=2",
+         "data=synthetic", "data.vocab_size=100", "data.num_tokens=5000", f"out_dir={out}", f"cache_dir={cache}"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     line = proc.stdout.readline()  # blocks until the writer is halfway through (or the process ends)
