@@ -1,29 +1,34 @@
 """Train a GPT-2 with a switchable attention: `python train.py attention=flash seq_len=8192`.
 
-Config: configs/config.yaml and its groups (attention, model, data, logger, experiment).
-Sweep: `python train.py -m attention=naive,sdpa,flash seq_len=1024,2048,4096,8192`.
+Config: configs/config.yaml and its groups (attention, model, data, logger, experiment), typed by
+training/schema.py. Sweep: `python train.py -m attention=naive,sdpa,flash seq_len=1024,2048,4096,8192`.
 Several GPUs: `torchrun --nproc_per_node=8 train.py ...` (training/distributed.py).
 """
 
 import logging
+import os
 import signal
 import sys
 
-import kernels  # noqa: F401  first: picks Triton's backend (CPU interpreter without CUDA) before torch imports triton
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import ConfigCompositionException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from training import distributed
+from training import distributed, train  # importing training registers the config schema (training/schema.py)
 from training.config import ConfigError
-from training.loop import train
 
 log = logging.getLogger("train")
+# Hydra reports a config it cannot compose (`lr=abc`, an unknown key) in several lines and exits 1;
+# with HYDRA_FULL_ERROR set it raises instead, so __main__ can give the one line and exit code 2 that
+# ConfigError gets. The user's own setting comes back once the job starts.
+USER_FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR")
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def main(cfg: DictConfig) -> float | None:
+    _restore_full_error()  # composed: errors from here on get Hydra's usual report
     # In a -m sweep a failed job must return, not exit, so Hydra goes on to the next job.
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
@@ -44,6 +49,31 @@ def main(cfg: DictConfig) -> float | None:
     return summary.get("final/val_loss")  # what a Hydra sweeper would optimise
 
 
+def _restore_full_error() -> None:
+    if USER_FULL_ERROR is None:
+        os.environ.pop("HYDRA_FULL_ERROR", None)
+    else:
+        os.environ["HYDRA_FULL_ERROR"] = USER_FULL_ERROR
+
+
+def composition_error(err: ConfigCompositionException) -> str:
+    """Hydra's multi-line report of an override or config it could not use, as one line naming the field."""
+    head = str(err).split("Config search path")[0]  # Hydra appends its search path: not the user's concern
+    text = "; ".join(" ".join(part.split()) for part in head.split("\n\n") if part.strip())
+    cause = err.__cause__
+    if getattr(cause, "full_key", None):
+        text += f" ({cause.full_key}: {str(cause.msg).splitlines()[0]})"
+    return text
+
+
 if __name__ == "__main__":
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     with distributed.torchrun_process(sys.argv):  # ranks > 0 write no files; the process group ends with the process
-        main()
+        try:
+            main()
+        except ConfigCompositionException as err:
+            if USER_FULL_ERROR is not None:
+                raise
+            distributed.record_failure(err)
+            print(f"config error: {composition_error(err)}", file=sys.stderr)
+            sys.exit(2)

@@ -1,4 +1,4 @@
-"""Build-once cache entries: atomic writes, a metadata json that vouches for the files, a build lock.
+"""Build-once cache entries: a metadata json that vouches for the files, and a build lock.
 
 An entry is one or more files plus `<entry>.meta.json`, written last, that records each file's size
 and sha256. Loading re-checks both, so a truncated copy, a file left half-written by a killed run or
@@ -8,14 +8,16 @@ one edited by hand is rebuilt (with a warning) instead of being trained on.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from filelock import FileLock
+
+from data.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -31,17 +33,10 @@ def sha256_file(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def temp_path(path: Path) -> Path:
-    """A sibling path to write into before `os.replace`: readers never see a partial file."""
-    return path.with_name(f"{path.name}.tmp{os.getpid()}")
-
-
 def write_meta(meta_path: Path, files: list[Path], info: dict[str, Any]) -> None:
     """Record size and sha256 of `files` (siblings of `meta_path`); call after they are complete."""
     records = {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in files}
-    tmp = temp_path(meta_path)
-    tmp.write_text(json.dumps({"files": records, **info}, indent=1))
-    os.replace(tmp, meta_path)
+    atomic_write(meta_path, json.dumps({"files": records, **info}, indent=1))
 
 
 def load_meta(meta_path: Path) -> dict[str, Any] | None:
@@ -72,9 +67,5 @@ def load_meta(meta_path: Path) -> dict[str, Any] | None:
 def build_lock(lock_path: Path) -> Iterator[None]:
     """Exclusive lock so that concurrent runs (DDP ranks, sweep jobs) build an entry once; others wait."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    with FileLock(lock_path):  # released when the block ends, or by the OS when the process dies
+        yield

@@ -3,9 +3,10 @@
 Pipeline (each step cached under `cache_dir`, keyed by what it depends on):
   corpus (sources.py) -> tokenizer (tokenizer.py) -> tokens/<key>.{train,val}.bin -> sample_batch
 A batch is `batch_size` windows of seq_len+1 tokens at random offsets; x is a window without its
-last token, y without its first. The offsets come from an RNG seeded by (seed, split, step, rank)
-alone, so a batch is a pure function of the step: resuming needs only the step, and DDP ranks
-read different windows without talking to each other.
+last token, y without its first. The offsets come from an RNG seeded by (seed, split, step)
+alone, so a batch is a pure function of the step: resuming needs only the step, and under
+torchrun every rank draws the same whole batch and keeps its own rows (training/batches.py),
+without talking to the others.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import torch
 from omegaconf import DictConfig
 from tokenizers import Tokenizer
 
-from data.cache import build_lock, digest, load_meta, temp_path, write_meta
+from data.cache import build_lock, digest, load_meta, write_meta
+from data.files import atomic_path
 from data.sources import Corpus, load_corpus
 from data.tokenizer import EOT, get_tokenizer
 
@@ -57,12 +59,12 @@ class TokenDataset:
         """One line for the start-of-run log: corpus, tokenizer, token counts, cache files."""
         return self.info
 
-    def sample_batch(self, split: str, batch_size: int, step: int, rank: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """x, y: (batch_size, seq_len) int64 on CPU, y[:, i] == x[:, i + 1]; a function of (seed, split, step, rank)."""
+    def sample_batch(self, split: str, batch_size: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, y: (batch_size, seq_len) int64 on CPU, y[:, i] == x[:, i + 1]; a function of (seed, split, step)."""
         tokens = self._split(split)
-        if batch_size < 1 or step < 0 or rank < 0:
-            raise ValueError(f"need batch_size >= 1, step >= 0, rank >= 0; got {batch_size}, {step}, {rank}")
-        rng = _rng(self.seed, _WINDOWS, split, step, rank)
+        if batch_size < 1 or step < 0:
+            raise ValueError(f"need batch_size >= 1 and step >= 0; got {batch_size}, {step}")
+        rng = _rng(self.seed, _WINDOWS, split, step)
         starts = rng.integers(0, len(tokens) - self.seq_len, size=batch_size)  # last start leaves seq_len+1 tokens
         windows = torch.from_numpy(np.stack([tokens[s : s + self.seq_len + 1] for s in starts]).astype(np.int64))
         return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
@@ -141,13 +143,11 @@ def _write_tokens(
             desc=f"tokenising {path.name}",
         )
     count = 0
-    tmp = temp_path(path)
-    with open(tmp, "wb") as f:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
         for batch in encoded.with_format("arrow").iter(batch_size=1024):
             ids = pc.list_flatten(batch["ids"]).to_numpy().astype(dtype, copy=False)
             ids.tofile(f)
             count += len(ids)
-    os.replace(tmp, path)
     return count
 
 
@@ -174,10 +174,11 @@ def _synthetic_tokens(vocab_size: int, num_tokens: int, seed: int) -> dict[str, 
     return {split: _rng(seed, _SYNTHETIC, split).integers(0, vocab_size, num_tokens, dtype=dtype) for split in SPLITS}
 
 
-def _rng(seed: int, purpose: int, split: str, step: int = 0, rank: int = 0) -> np.random.Generator:
+def _rng(seed: int, purpose: int, split: str, step: int = 0) -> np.random.Generator:
     """One independent stream per key. The key has a fixed length because SeedSequence gives
-    [a, b] and [a, b, 0] the same stream."""
-    return np.random.default_rng([seed, purpose, SPLITS.index(split), step, rank])
+    [a, b] and [a, b, 0] the same stream; its last 0 is where a removed per-rank key sat, kept so
+    that every batch (and so every run and checkpoint) stays as it was."""
+    return np.random.default_rng([seed, purpose, SPLITS.index(split), step, 0])
 
 
 def _check_long_enough(ds: TokenDataset, remedy: str) -> None:

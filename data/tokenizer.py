@@ -9,7 +9,6 @@ setting, so a changed corpus or vocab size trains a new tokenizer instead of reu
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -19,7 +18,8 @@ import tokenizers
 from omegaconf import DictConfig
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from data.cache import build_lock, digest, load_meta, temp_path, write_meta
+from data.cache import build_lock, digest, load_meta, write_meta
+from data.files import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +62,8 @@ def get_tokenizer(train: datasets.Dataset, train_fingerprint: str, cfg: DictConf
         start = time.perf_counter()
         log.info("training byte-level BPE tokenizer (vocab %d) on %d train documents ...", cfg.vocab_size, len(train))
         tok = train_bpe((batch["text"] for batch in train.iter(batch_size=256)), int(cfg.vocab_size), int(cfg.min_frequency))
-        tmp = temp_path(path)
-        tok.save(str(tmp))
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            tok.save(str(tmp))
         write_meta(meta_path, [path], {"settings": settings, "train_fingerprint": train_fingerprint})
         log.info("tokenizer: %d tokens in %.1f s -> %s", tok.get_vocab_size(), time.perf_counter() - start, path)
     return tok, path

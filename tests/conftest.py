@@ -1,17 +1,15 @@
 """Shared fixtures: the real Hydra configs, shrunk to CPU size, and a small learnable token source."""
 
 import os
+from pathlib import Path
+from typing import Callable
 
-import kernels  # noqa: E402,F401  first: picks Triton's backend (the CPU interpreter without CUDA) before anything imports triton
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
 os.environ.setdefault("WANDB_SILENT", "true")
-
-from pathlib import Path  # noqa: E402
-from typing import Callable  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -26,6 +24,8 @@ SHRINK = [
 
 def compose_config(*overrides: str) -> DictConfig:
     """configs/config.yaml composed with `overrides`, exactly as `python train.py <overrides>` would."""
+    import training  # noqa: F401  registers the schema that configs/ names (training/schema.py); here, not at
+    # the top, so the tests of other packages do not pay for importing the trainer
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
 
@@ -46,7 +46,7 @@ class PatternDataset:
 
     The corpus is a fixed random walk where token t is followed by succ[t] 90% of the time, so
     a model can drop well below the uniform loss log(vocab) within a few steps. Batches are a
-    pure function of (seed, split, step, rank), like data.build_dataset's.
+    pure function of (seed, split, step), like data.build_dataset's.
     """
 
     def __init__(self, seq_len: int, vocab_size: int = 48, n_tokens: int = 4096, seed: int = 0) -> None:
@@ -60,10 +60,10 @@ class PatternDataset:
         self.tokens = torch.tensor(tokens)
         self.vocab_size, self.seq_len, self.seed = vocab_size, seq_len, seed
 
-    def sample_batch(self, split: str, batch_size: int, step: int, rank: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample_batch(self, split: str, batch_size: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         half = len(self.tokens) // 2  # first half train, second half val
         base = 0 if split == "train" else half
-        g = torch.Generator().manual_seed(((self.seed * 2 + (split == "val")) * 1_000_003 + step) * 101 + rank)
+        g = torch.Generator().manual_seed((self.seed * 2 + (split == "val")) * 1_000_003 + step)
         starts = base + torch.randint(half - self.seq_len - 1, (batch_size,), generator=g)
         windows = torch.stack([self.tokens[s : s + self.seq_len + 1] for s in starts.tolist()])
         return windows[:, :-1], windows[:, 1:]
@@ -72,10 +72,10 @@ class PatternDataset:
 @pytest.fixture
 def pattern_data(monkeypatch: pytest.MonkeyPatch) -> Callable[..., PatternDataset]:
     """Make train() read PatternDataset instead of data.build_dataset; returns the factory used."""
-    import training.loop
+    import training.setup
 
     def build(data_cfg: DictConfig, seq_len: int, cache_dir: Path, seed: int) -> PatternDataset:
         return PatternDataset(seq_len, seed=seed)
 
-    monkeypatch.setattr(training.loop, "build_dataset", build)
+    monkeypatch.setattr(training.setup, "build_dataset", build)
     return build

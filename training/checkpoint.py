@@ -1,23 +1,40 @@
 """Checkpoints that resume a run exactly: model, optimizer, step (which fixes both the lr schedule
-and the data position, since batches are a pure function of the step) and the RNG states."""
+and the data position, since batches are a pure function of the step) and the RNG states; and the
+rules for resuming (which config fields must match the checkpoint's).
+
+One torch.save file, not safetensors: safetensors would hold the weights only, leaving optimizer
+state, RNG and config in a pickle that torch.load must still vet, and it has no checksum, where
+torch's zip format carries a CRC32 per tensor that catches a flipped bit.
+"""
 
 from __future__ import annotations
 
-import os
+import logging
 import pickle
-import re
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from data.files import atomic_path
+from training.config import ConfigError
 from training.distributed import full_state, load_full_state
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "checkpoint.pt"
 CHECKPOINT_KEYS = ("model", "optimizer", "step", "rng", "config")
+# Resuming with any of these changed would not continue the same run: the model's shape (seq_len
+# sizes the position table) or the data each step reads. Everything else may change on resume:
+# attention too, since naive, sdpa and flash compute the same function of the same weights (e.g.
+# continue a naive run that ran out of memory with flash), and steps, lr, dtype, compile, device;
+# grad_accum and the number of ranks too, since they only split each step's batch (micro_batches).
+RESUME_MUST_MATCH = ("model", "seq_len", "batch_size", "seed", "data")
+RESUME_MAY_DIFFER = ("data.num_proc", "data.connect_timeout_s")  # how tokens are made, not which
 
 
 class CheckpointError(ValueError):
@@ -62,12 +79,10 @@ def save_checkpoint(
         "config": config,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
+    with atomic_path(path) as tmp:
         torch.save(state, tmp)
-        os.replace(tmp, path)  # atomic on POSIX when tmp and path share a file system
-    finally:
-        tmp.unlink(missing_ok=True)  # only left behind if saving failed
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # half files of writers killed mid-save (GBs each)
+        stale.unlink(missing_ok=True)
 
 
 def find_checkpoint(resume: bool | str, out_dir: Path) -> Path:
@@ -102,8 +117,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)  # weights_only: no pickled code runs
     except pickle.UnpicklingError as err:  # what weights_only refuses: arbitrary objects, maybe code
-        found = re.search(r"unsupported (global: )?GLOBAL [\w.]+", str(err), re.IGNORECASE)  # torch's wording
-        what = found.group(0) if found else "refused by weights_only"
+        what = ", ".join(f"GLOBAL {name}" for name in _unsafe_globals(path)) or "refused by weights_only"
         raise CheckpointError(
             f"checkpoint {path} holds pickled objects other than tensors and containers ({what}); it was not "
             f"written by train.py and is not loaded, since unpickling it could run code; {remedy}"
@@ -119,6 +133,14 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     return state
 
 
+def _unsafe_globals(path: Path) -> list[str]:
+    """The classes and functions the pickle names beyond what weights_only allows (read, never run)."""
+    try:
+        return torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # the file is refused either way; the list only makes the message better
+        return []
+
+
 def restore_checkpoint(state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Put model, optimizer and RNG back as saved; return the number of steps done."""
     try:
@@ -128,3 +150,48 @@ def restore_checkpoint(state: dict[str, Any], model: nn.Module, optimizer: torch
         raise CheckpointError(f"the checkpoint does not fit this model and optimizer: {detail}") from err
     _set_rng_state(state["rng"])
     return state["step"]
+
+
+def resume(cfg: DictConfig, out_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Restore the checkpoint `cfg.resume` points to into model and optimizer; return the steps done.
+
+    Raises ConfigError when there is none, it is damaged, or a RESUME_MUST_MATCH field differs
+    (listing every one that does), so the user changes the command rather than the code.
+    """
+    try:
+        path = find_checkpoint(cfg.resume, out_dir)
+        state = load_checkpoint(path)
+    except (FileNotFoundError, CheckpointError) as err:
+        raise ConfigError(str(err) if isinstance(err, FileNotFoundError) else f"resume: {err}") from err
+    saved, current = state["config"], OmegaConf.to_container(cfg, resolve=True)
+    differ = [
+        f"{key} differs from the checkpoint's ({now!r} vs saved {then!r})"
+        for key, now, then in differences(current, saved, RESUME_MUST_MATCH)
+        if key not in RESUME_MAY_DIFFER
+    ]
+    if differ:
+        raise ConfigError(
+            f"resume: {'; '.join(differ)}. Keep these as saved in {path} to continue that run, or start a new run"
+        )
+    if saved.get("attention") != current.get("attention"):
+        before, now = saved.get("attention"), current.get("attention")
+        log.info("resume: attention %s -> %s (the same weights serve every attention)", before, now)
+    try:
+        step = restore_checkpoint(state, model, optimizer)
+    except CheckpointError as err:
+        raise ConfigError(f"resume: {path}: {err}") from err
+    log.info("resumed from %s after step %d", path, step)
+    return step
+
+
+def differences(a: Any, b: Any, keys: tuple[str, ...], prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted key, a's value, b's value) for every leaf under `keys` where two config dicts differ."""
+    found = []
+    for key in keys:
+        x = a.get(key) if isinstance(a, dict) else None
+        y = b.get(key) if isinstance(b, dict) else None
+        if isinstance(x, dict) and isinstance(y, dict):
+            found += differences(x, y, tuple(sorted(x.keys() | y.keys())), f"{prefix}{key}.")
+        elif x != y:
+            found.append((f"{prefix}{key}", x, y))
+    return found

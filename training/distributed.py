@@ -8,7 +8,7 @@ the model replicated (`parallel=ddp`, DistributedDataParallel) or sharded (`para
 the single-process layout (full tensors), so they load on any number of ranks.
 
 Data needs no communication: every rank draws the step's whole global batch (a pure function of
-the step) and keeps its own rows (training.loop.micro_batches).
+the step) and keeps its own rows (training.batches.micro_batches).
 """
 
 from __future__ import annotations
@@ -248,12 +248,3 @@ def _param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str
     names = {id(p): name for name, p in model.named_parameters()}  # a tied weight: its first name
     return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
-
-class NoMetrics:
-    """What ranks other than 0 log metrics to: nothing (rank 0's MetricsLogger holds the run's numbers)."""
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        pass
-
-    def finish(self, summary: dict[str, Any]) -> None:
-        pass

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+
+from data.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -21,16 +22,17 @@ SUMMARY_FILE = "summary.json"
 
 
 def attention_label(cfg: DictConfig) -> str:
-    """naive, sdpa, sdpa-cudnn, flash, flash-fused: the attention choice including a pinned sdpa
-    backend or flash's single-pass (deterministic=false) backward."""
+    """naive, sdpa, sdpa_cudnn (sdpa_flash, ...), flash, flash_fused: the attention choice including
+    a pinned sdpa backend or flash's single-pass (deterministic=false) backward. The same names as
+    the benchmarks' implementations, so a run and a benchmark row of one variant carry one name."""
     if cfg.attention.name == "flash" and cfg.attention.get("deterministic", True) is False:
-        return "flash-fused"
+        return "flash_fused"
     backend = cfg.attention.get("backend", "auto")
-    return cfg.attention.name if backend == "auto" else f"{cfg.attention.name}-{backend}"
+    return cfg.attention.name if backend == "auto" else f"{cfg.attention.name}_{backend}"
 
 
 def run_name(cfg: DictConfig) -> str:
-    """e.g. flash-gpt2-medium-n8192, sdpa-cudnn-tiny-n64: attention, model and seq_len at a glance."""
+    """e.g. flash-gpt2-medium-n8192, sdpa_cudnn-tiny-n64: attention, model and seq_len at a glance."""
     return f"{attention_label(cfg)}-{cfg.model.name}-n{cfg.seq_len}"
 
 
@@ -79,12 +81,20 @@ class MetricsLogger:
         """Record the run's outcome (status ok/oom, medians, final losses) and close everything."""
         self._write((json.dumps({"summary": summary}) + "\n").encode())
         self._file.close()
-        tmp = self.out_dir / (SUMMARY_FILE + ".tmp")
-        tmp.write_text(json.dumps(summary, indent=2) + "\n")
-        os.replace(tmp, self.out_dir / SUMMARY_FILE)  # atomic: readers never see half a summary
+        atomic_write(self.out_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")  # never half a summary
         if self._wandb is not None:
             self._wandb.summary.update(summary)
             self._wandb.finish(exit_code=0 if summary.get("status") == "ok" else 1)
+
+
+class NoMetrics:
+    """What ranks other than 0 log metrics to: nothing (rank 0's MetricsLogger holds the run's numbers)."""
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        pass
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

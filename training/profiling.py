@@ -22,6 +22,8 @@ import torch
 from omegaconf import DictConfig
 from torch.autograd import DeviceType
 
+from data.files import atomic_path, atomic_write
+
 log = logging.getLogger(__name__)
 
 PROFILE_FILE = "profile.json"
@@ -84,9 +86,10 @@ def step_profiler(cfg: DictConfig, out_dir: Path, report: dict[str, Any], main: 
         activities.append(torch.profiler.ProfilerActivity.CUDA)
 
     def ready(prof: torch.profiler.profile) -> None:
-        prof.export_chrome_trace(str(out_dir / TRACE_FILE))
+        with atomic_path(out_dir / TRACE_FILE) as tmp:
+            prof.export_chrome_trace(str(tmp))
         report.update(attention_share(list(prof.events()), on_gpu))
-        (out_dir / PROFILE_FILE).write_text(json.dumps(report, indent=2) + "\n")
+        atomic_write(out_dir / PROFILE_FILE, json.dumps(report, indent=2) + "\n")
         if report["attention_share"] is None:
             log.info("profile: %.1f ms per step; attention has no operator of its own here (attention=%s is "
                      "fused into the model's kernels), so its share is unknown; trace in %s",

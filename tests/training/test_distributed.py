@@ -1,4 +1,5 @@
-"""training/distributed.py: several ranks (gloo, CPU) through train.py, launched by torchrun's own agent.
+"""training/distributed.py: several ranks (gloo, CPU) through train.py, launched by torchrun's own agent
+(the launches are marked slow: ~3-8 s each on 2 cores).
 
 Each launch runs torchrun's elastic agent in-process (`elastic_launch`, what `torchrun` calls)
 with forked workers, so no worker pays for importing torch again; each worker runs train.py's
@@ -22,7 +23,6 @@ from typing import Callable
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -31,10 +31,9 @@ import data.dataset
 import data.tokenizer
 import training.loop
 from conftest import REPO, SHRINK, compose_config
-from training import distributed
+from training import distributed, train
 from training.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from training.config import ConfigError, validate_config
-from training.loop import train
 from training.metrics import METRICS_FILE, SUMMARY_FILE
 
 # SHRINK (lr 1e-2, warmup 1) on random tokens, which every process generates alike (no cache files).
@@ -158,6 +157,7 @@ def straight(tmp_path_factory) -> Path:
     return single(tmp_path_factory.mktemp("straight"), "ckpt_every=2")
 
 
+@pytest.mark.slow
 def test_two_ddp_ranks_equal_one_process_which_resumes_their_checkpoint(tmp_path, straight):
     # Each rank runs 2 micro-batches of 2 per step (DDP all-reduces in the second only), then stops.
     two = launch(tmp_path, 2, "parallel=ddp", "ckpt_every=2", "stop_at=2")
@@ -175,6 +175,7 @@ def test_two_ddp_ranks_equal_one_process_which_resumes_their_checkpoint(tmp_path
     assert_same_run(two, straight)
 
 
+@pytest.mark.slow
 def test_two_fsdp_ranks_resume_a_single_process_checkpoint_and_save_a_full_one(tmp_path, straight):
     one = single(tmp_path, "ckpt_every=2", "stop_at=2")
     launch(tmp_path, 2, "parallel=fsdp", "ckpt_every=2", "resume=true", run_dir=one)
@@ -182,6 +183,7 @@ def test_two_fsdp_ranks_resume_a_single_process_checkpoint_and_save_a_full_one(t
     assert_same_run(one, straight)  # FSDP's sharded state, gathered, in the single-process layout
 
 
+@pytest.mark.slow
 def test_a_failing_rank_ends_the_job_with_its_message(tmp_path, capfd):
     start = time.monotonic()
     with pytest.raises(ChildFailedError) as err:
@@ -192,6 +194,7 @@ def test_a_failing_rank_ends_the_job_with_its_message(tmp_path, capfd):
     assert "rank 1 failed on purpose" in capfd.readouterr().err  # and Hydra printed it on the console
 
 
+@pytest.mark.slow
 def test_a_hung_rank_times_out_instead_of_hanging(tmp_path):
     start = time.monotonic()
     with pytest.raises(ChildFailedError) as err:
@@ -228,15 +231,7 @@ def test_ranks_other_than_0_keep_hydra_out_of_the_run_folder(monkeypatch):
     assert distributed.from_env() == distributed.DistInfo()  # plain `python train.py`
 
 
-def test_plain_runs_are_untouched_by_the_distributed_paths(tmp_path):
-    """Without torchrun: no process group, the model unwrapped, rank 0 of 1 in the summary's derived numbers."""
-    cfg = compose_config(*RUN, "steps=1", f"out_dir={tmp_path / 'run'}", f"cache_dir={tmp_path / 'cache'}")
-    run = training.loop.setup(cfg)
-    assert not torch.distributed.is_initialized() and run.model is run.raw_model
-    assert run.derived["ranks"] == 1 and run.derived["parallel"] == "none" and run.derived["micro_batch"] == 4
-    assert OmegaConf.select(cfg, "parallel") == "ddp"
-
-
+@pytest.mark.slow
 def test_ranks_on_a_cold_cache_build_the_tokenizer_and_tokens_once(tmp_path):
     """Both ranks call build_dataset at once; its file locks let one build while the other waits."""
     corpus = tmp_path / "corpus.txt"

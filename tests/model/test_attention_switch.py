@@ -1,4 +1,4 @@
-"""model/attention.py: the three attend() implementations and the name -> implementation switch."""
+"""model/attention.py: the three attend() implementations, the name -> implementation switch, naive's memory."""
 
 import math
 
@@ -7,7 +7,7 @@ import torch
 import yaml
 
 from conftest import CONFIGS
-from model.attention import ATTENTION, SDPA_BACKENDS, get_attention, naive_attention, sdpa_attention
+from model.attention import ATTENTION, SDPA_BACKENDS, get_attention, naive_attention, naive_attention_bytes, sdpa_attention
 
 
 def reference(q, k, v, causal):
@@ -70,3 +70,24 @@ def test_bad_choices_fail_loudly(name, options, message):
     with pytest.raises(ValueError) as err:
         get_attention(name, **options)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_naive_attention_bytes_match_what_autograd_keeps(dtype):
+    b, h, n = 2, 3, 40
+    q, k, v = (torch.randn(b, h, n, 8, requires_grad=True) for _ in range(3))
+    kept = {}
+
+    def pack(t):
+        if t.dim() == 4 and t.shape[-2:] == (n, n):  # the N×N tensors saved for the backward
+            kept[t.data_ptr()] = t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            naive_attention(q, k, v, causal=True)
+    one, all_layers = naive_attention_bytes(b, h, n, 5, dtype, "cpu")
+    assert one == b * h * n * n * torch.finfo(dtype).bits // 8
+    assert all_layers == 5 * sum(kept.values())
+    # CUDA autocast saves fp32 P for softmax's backward and bf16 P for P·V's: GPT-2 medium at 8K.
+    assert naive_attention_bytes(2, 16, 8192, 24, torch.bfloat16, "cuda") == (4 * 2**30, 24 * 12 * 2**30)

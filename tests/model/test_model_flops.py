@@ -1,0 +1,50 @@
+"""model/flops.py: FLOPs per token, MFU, and the counted FLOPs of a step split by model and attention."""
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig, get_attention
+from model.flops import count_step_flops, flops_per_token, measure_matmul_flops, mfu
+
+NAMES = ["naive", "sdpa", "flash"]
+
+
+def test_flops_per_token_gpt2_medium():
+    """6·P + per layer fwd 4·d·pairs·H + bwd 8·d·pairs·H, pairs = N(N+1)/2, H·d = C:
+    6·C·(N+1) per token and layer."""
+    cfg = GPTConfig(n_layer=24, n_head=16, n_embd=1024, vocab_size=50304, seq_len=1024)
+    with torch.device("meta"):
+        n_params = GPT(cfg).num_params()
+    expected = 6 * n_params + 24 * 6 * 1024 * 1025
+    assert flops_per_token(cfg, n_params) == expected
+    # A bit under nanoGPT's non-causal 6N + 12·L·C·N (attention there counts the masked half too).
+    nanogpt = 6 * n_params + 12 * 24 * 1024 * 1024
+    assert 0.9 * nanogpt < expected < nanogpt
+
+
+def test_mfu_and_measured_peak():
+    assert mfu(tokens_per_s=1000.0, flops_per_tok=2e9, peak_flops=4e12) == pytest.approx(0.5)
+    peak = measure_matmul_flops(torch.device("cpu"), torch.float32, size=256, reps=3)
+    assert 1e8 < peak < 1e14  # a CPU core does between 0.1 GFLOP/s and 100 TFLOP/s
+
+
+def test_step_flops_split_model_attention_and_show_the_recompute():
+    cfg = GPTConfig(n_layer=2, n_head=4, n_embd=64, vocab_size=512, seq_len=128)
+    batch, tokens = 3, 3 * 128
+    matmul_params = cfg.n_layer * 12 * cfg.n_embd**2 + cfg.vocab_size * cfg.n_embd  # qkv+proj+mlp, tied lm_head
+    pairs = cfg.seq_len * (cfg.seq_len + 1) // 2
+    counts = {name: count_step_flops(cfg, get_attention(name), batch) for name in NAMES}
+    for name, c in counts.items():
+        assert c["flops/model_fwd"] == 2 * matmul_params * tokens, name
+        assert c["flops/model_bwd"] == 2 * c["flops/model_fwd"], name
+    flash = counts["flash"]
+    # counted (the op's registered formula) and analytic agree, and the backward is 2.5× the forward
+    assert flash["flops/attn_fwd"] == flash["flops/attn_fwd_analytic"] == cfg.n_layer * batch * cfg.n_head * 4 * pairs * cfg.head_dim
+    assert flash["flops/attn_bwd"] == flash["flops/attn_bwd_analytic"] == 2.5 * flash["flops/attn_fwd"]
+    assert flash["flops/attn_recompute"] == flash["flops/attn_bwd"] - flash["flops/attn_bwd_stored_p_analytic"]
+    assert 0 < flash["flops/attn_recompute_share"] < 0.1
+    # naive multiplies the whole N×N square (mask applied afterwards) and keeps P: no recompute
+    naive = counts["naive"]
+    assert naive["flops/attn_fwd"] == cfg.n_layer * batch * cfg.n_head * 4 * cfg.seq_len**2 * cfg.head_dim
+    assert naive["flops/attn_bwd"] == 2 * naive["flops/attn_fwd"]
+    assert naive["flops/attn_recompute"] == 0

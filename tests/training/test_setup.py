@@ -1,0 +1,35 @@
+"""training/setup.py: the model a config builds, and a run's derived numbers."""
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from _runs import CPU
+from conftest import SHRINK, compose_config
+from training.config import ConfigError
+from training.setup import build_model, peak_flops, setup
+
+SYNTHETIC = [*SHRINK, "attention=sdpa", "batch_size=8", "grad_accum=2", "data=synthetic", "data.vocab_size=100",
+             "data.num_tokens=5000"]
+
+
+def test_build_model_pads_a_null_vocab_and_refuses_a_small_one(tiny_cfg):
+    model = build_model(tiny_cfg(), tokenizer_vocab=4000, device=CPU)
+    assert model.cfg.vocab_size == 4032 and model.cfg.seq_len == 32
+    with pytest.raises(ConfigError, match="model.vocab_size=64 is smaller than the tokenizer's 4000"):
+        build_model(tiny_cfg("model.vocab_size=64"), tokenizer_vocab=4000, device=CPU)
+
+
+def test_plain_runs_are_untouched_by_the_distributed_paths(tmp_path):
+    """Without torchrun: no process group, the model unwrapped, rank 0 of 1 in the summary's derived numbers."""
+    cfg = compose_config(*SYNTHETIC, "steps=1", f"out_dir={tmp_path / 'run'}", f"cache_dir={tmp_path / 'cache'}")
+    run = setup(cfg)
+    assert not torch.distributed.is_initialized() and run.model is run.raw_model
+    assert run.derived["ranks"] == 1 and run.derived["parallel"] == "none" and run.derived["micro_batch"] == 4
+    assert OmegaConf.select(cfg, "parallel") == "ddp"
+
+
+def test_peak_flops_comes_from_config_else_none_on_cpu(tiny_cfg):
+    assert peak_flops(tiny_cfg("peak_tflops=2.5"), CPU, torch.float32) == (2.5e12, "config peak_tflops")
+    peak, source = peak_flops(tiny_cfg(), CPU, torch.float32)
+    assert peak is None and "CPU" in source  # no MFU against a made-up CPU peak

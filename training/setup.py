@@ -1,0 +1,130 @@
+"""Everything a run needs before its first step, built once: data, model, optimizer, numbers.
+
+setup(cfg): validate -> device (and the process group under torchrun) -> data -> build_model ->
+wrap_model -> optimizer (-> resume) -> the derived numbers logged at start (parameters, tokens
+per step, FLOPs per token, the MFU denominator, the attention choice).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from data import build_dataset
+from model.attention import get_attention
+from model.flops import MFU_CONVENTION, flops_per_token, measure_matmul_flops
+from model.gpt import GPT, GPTConfig
+from training import distributed
+from training.checkpoint import resume
+from training.config import ConfigError, resolve_compile, resolve_device, resolve_dtype, validate_config
+from training.distributed import DistInfo
+from training.metrics import attention_label
+from training.optim import build_optimizer
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Run:
+    """Everything the loop needs, built once by setup()."""
+
+    cfg: DictConfig
+    out_dir: Path
+    device: torch.device
+    ds: Any
+    raw_model: GPT  # unwrapped (FSDP: sharded in place): what checkpoints store
+    model: nn.Module  # what the loop calls (maybe compiled)
+    optimizer: torch.optim.Optimizer
+    autocast: Callable[[], contextlib.AbstractContextManager]
+    start_step: int
+    flops_per_token: float
+    peak_flops: float | None
+    derived: dict[str, Any] = field(default_factory=dict)
+    dist: DistInfo = field(default_factory=DistInfo)  # this process's rank under torchrun
+
+
+def build_model(cfg: DictConfig, tokenizer_vocab: int, device: torch.device) -> GPT:
+    """GPT from the model group, seq_len and the attention group, on `device`, seeded by cfg.seed."""
+    m = cfg.model
+    vocab = m.vocab_size if m.vocab_size is not None else 64 * math.ceil(tokenizer_vocab / 64)
+    if vocab < tokenizer_vocab:
+        raise ConfigError(
+            f"model.vocab_size={vocab} is smaller than the tokenizer's {tokenizer_vocab}; raise it or set null"
+        )
+    gcfg = GPTConfig(m.n_layer, m.n_head, m.n_embd, vocab, cfg.seq_len, m.dropout, m.bias)
+    attention_options = {k: v for k, v in cfg.attention.items() if k != "name"}
+    attend = get_attention(cfg.attention.name, **attention_options)
+    torch.manual_seed(cfg.seed)
+    return GPT(gcfg, attend).to(device)
+
+
+def wrap_model(model: nn.Module, cfg: DictConfig, device: torch.device, dist: DistInfo = DistInfo()) -> nn.Module:
+    """What the loop calls: the model, maybe compiled; under torchrun also DDP-wrapped or FSDP-sharded
+    (FSDP shards `model` itself, so build the optimizer after this)."""
+    compile = resolve_compile(cfg, device)
+    if compile:
+        log.info("compiling the model with torch.compile (the first steps are slow)")
+        torch._dynamo.reset()  # in a -m sweep, drop the previous job's graphs (and its recompile budget)
+    if dist.launched:
+        return distributed.parallelize(model, cfg.parallel, device, compile)
+    return torch.compile(model) if compile else model
+
+
+def peak_flops(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> tuple[float | None, str]:
+    """The MFU denominator for one device: configured, else measured on CUDA, else none (CPU: no MFU)."""
+    if cfg.peak_tflops is not None:
+        return cfg.peak_tflops * 1e12, "config peak_tflops"
+    if device.type == "cuda":
+        return measure_matmul_flops(device, dtype), f"measured {dtype} 4096^3 matmul"
+    return None, "none (CPU: set peak_tflops for an MFU)"
+
+
+def setup(cfg: DictConfig) -> Run:
+    """Validate, then build data, model, optimizer; restore a checkpoint when resuming."""
+    dist = distributed.from_env()
+    distributed.quiet_logging(dist)  # ranks > 0: warnings and errors only, tagged with the rank
+    validate_config(cfg, dist.world_size)
+    device = distributed.init(dist, resolve_device(cfg), cfg.dist_timeout_s)
+    # Rank 0's run folder: the other ranks write nothing there, but read checkpoints from it.
+    out_dir = Path(distributed.broadcast(str(cfg.out_dir)))
+    dtype = resolve_dtype(cfg, device)
+    cache_dir = Path(cfg.cache_dir)
+    if not cache_dir.is_absolute():
+        cache_dir = REPO_ROOT / cache_dir  # one cache wherever train.py is launched from
+    try:
+        ds = build_dataset(cfg.data, cfg.seq_len, cache_dir, cfg.seed)
+    except ValueError as err:  # corpus too small, missing files...: the user's to fix
+        raise ConfigError(f"data={cfg.data.name}: {err}") from err
+    model = build_model(cfg, ds.vocab_size, device)
+    wrapped = wrap_model(model, cfg, device, dist)
+    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), device)
+    start_step = resume(cfg, out_dir, model, optimizer) if cfg.resume else 0
+    fpt = flops_per_token(model.cfg, model.num_params())
+    peak, peak_source = peak_flops(cfg, device, dtype)
+    if peak and dist.world_size > 1:  # tokens/s counts every rank's tokens: MFU against all their devices
+        peak, peak_source = peak * dist.world_size, f"{peak_source} × {dist.world_size} ranks"
+    autocast = lambda: torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)  # noqa: E731
+    derived = {
+        "params": model.num_params(), "params_total": model.num_params(non_embedding=False),
+        "vocab_size": model.cfg.vocab_size, "tokenizer_vocab": ds.vocab_size,
+        "tokens_per_step": cfg.batch_size * cfg.seq_len, "ranks": dist.world_size,
+        "parallel": cfg.parallel if dist.launched else "none",
+        "micro_batch": cfg.batch_size // (cfg.grad_accum * dist.world_size),  # per rank
+        "flops_per_token": fpt, "mfu_convention": MFU_CONVENTION,
+        "peak_flops": peak, "peak_flops_source": peak_source,
+        "attention": attention_label(cfg), "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "dtype": str(dtype).removeprefix("torch."), "compile": resolve_compile(cfg, device),
+        "torch": torch.__version__, "start_step": start_step,
+    }
+    return Run(cfg, out_dir, device, ds, model, wrapped, optimizer, autocast, start_step, fpt, peak, derived, dist)
