@@ -22,11 +22,10 @@ import torch
 from conftest import REPO, SHRINK, compose_config
 from model import GPT, GPTConfig
 from model.attention import naive_attention, naive_attention_bytes
-from scripts.compare_runs import read_summary
 from training.checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint, save_checkpoint
 from training.config import ConfigError
 from training.loop import oom_message, train
-from training.metrics import METRICS_FILE, SUMMARY_FILE, MetricsLogger, read_jsonl
+from training.metrics import METRICS_FILE, SUMMARY_FILE, MetricsLogger, read_jsonl, read_summary
 from training.optim import build_optimizer
 
 CPU = torch.device("cpu")
@@ -58,7 +57,7 @@ def test_metrics_lines_are_on_disk_at_once_and_a_torn_line_is_skipped(tmp_path, 
     assert "skipped 1 unreadable line(s)" in caplog.text and "line [3]" in caplog.text
     assert json.loads((out / SUMMARY_FILE).read_text()) == {"status": "ok"}
     assert [p.name for p in out.iterdir() if p.name.endswith(".tmp")] == []
-    # scripts/compare_runs.py reads the same file through read_jsonl
+    # training.metrics.read_summary (compare_runs.py's reader) reads the same file through read_jsonl
     assert read_summary(out) == ({"status": "ok"}, 3)
     (out / METRICS_FILE).write_text(json.dumps(whole[0]) + "\n" + '{"summary": {"sta')  # killed while finishing
     assert read_summary(out) == ({"status": "ok"}, 1)  # falls back to summary.json
