@@ -1,52 +1,33 @@
-"""scripts/compare_runs.py: reading run folders (a real tiny train() run and hand-made ok/oom/killed/failed
-ones), the JSON rows, the printed table and the plot."""
+"""scripts/compare_runs.py and bench/runs.py: reading run folders (a real tiny train() run and hand-made
+ok/oom/killed/failed ones), the JSON rows, the printed tables and the plot."""
 
-import json
 import os
 import time
 
 import pytest
+from _runs import OK, fake_run
 from omegaconf import OmegaConf
 
-import kernels  # noqa: F401 - first, so the Triton backend is chosen before anything imports triton
-from scripts import compare_runs as cr
-from scripts._common import read_results
+from bench.results import read_results
+from bench.runs import ROW_KEYS, collect
+from scripts import compare_runs
 from training.loop import train
-
-
-def _fake_run(root, name, attention, seq_len, summary=None, steps=3, backend=None):
-    """A run folder as train.py leaves it: Hydra's config, metrics.jsonl, summary.json."""
-    run = root / name
-    (run / ".hydra").mkdir(parents=True)
-    att = {"name": attention, **({"backend": backend} if backend else {})}
-    OmegaConf.save(OmegaConf.create({"attention": att, "seq_len": seq_len, "model": {"name": "gpt2-medium"}}), run / ".hydra" / "config.yaml")
-    lines = [json.dumps({"step": i + 1, "train/loss": 5.0 - i}) for i in range(steps)]
-    if summary is not None:
-        lines.append(json.dumps({"summary": summary}))
-        (run / "summary.json").write_text(json.dumps(summary))
-    if lines:
-        (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    return run
-
-
-OK = {"status": "ok", "perf/tokens_per_s": 125_700.0, "perf/step_ms": 130.3, "perf/peak_mem_gib": 40.5,
-      "perf/mfu": 0.41, "final/val_loss": 3.21, "final/train_loss": 3.3}
 
 
 def test_sweep_folder_with_ok_oom_killed_and_failed_runs(tmp_path, capsys):
     sweep = tmp_path / "multirun" / "2026-11-29" / "15-00-00"
-    _fake_run(sweep, "0-naive-n1024", "naive", 1024, {**OK, "perf/tokens_per_s": 58_600.0})
-    _fake_run(sweep, "1-naive-n8192", "naive", 8192, {"status": "oom", "error": "CUDA out of memory"}, steps=0)
-    _fake_run(sweep, "2-flash-n8192", "flash", 8192, OK)
-    _fake_run(sweep, "3-sdpa-n8192", "sdpa", 8192, None, steps=5)  # killed mid-run
-    _fake_run(sweep, "4-sdpa-n1024", "sdpa", 1024, None, steps=0, backend="cudnn")  # config error: nothing logged
+    fake_run(sweep, "0-naive-n1024", "naive", 1024, {**OK, "perf/tokens_per_s": 58_600.0})
+    fake_run(sweep, "1-naive-n8192", "naive", 8192, {"status": "oom", "error": "CUDA out of memory"}, steps=0)
+    fake_run(sweep, "2-flash-n8192", "flash", 8192, OK)
+    fake_run(sweep, "3-sdpa-n8192", "sdpa", 8192, None, steps=5)  # killed mid-run
+    fake_run(sweep, "4-sdpa-n1024", "sdpa", 1024, None, steps=0, backend="cudnn")  # config error: nothing logged
     (sweep / "multirun.yaml").write_text("hydra: {}\n")
     out = tmp_path / "train_sweep.json"
-    rows = cr.main([str(sweep), "--out", str(out), "--plot", str(tmp_path / "sweep.png")])
+    rows = compare_runs.main([str(sweep), "--out", str(out), "--plot", str(tmp_path / "sweep.png")])
 
     data = read_results(out)
     assert data["rows"] == rows and {"gpu", "torch", "date", "git_rev", "convention"} <= set(data["meta"])
-    assert all(tuple(r) == cr.ROW_KEYS for r in rows)
+    assert all(tuple(r) == ROW_KEYS for r in rows)
     got = {(r["attention"], r["seq_len"]): r for r in rows}
     assert set(got) == {("naive", 1024), ("naive", 8192), ("flash", 8192), ("sdpa", 8192), ("sdpa-cudnn", 1024)}
     assert got["flash", 8192]["tokens_per_s"] == 125_700 and got["flash", 8192]["final_loss"] == 3.21
@@ -59,21 +40,30 @@ def test_sweep_folder_with_ok_oom_killed_and_failed_runs(tmp_path, capsys):
     assert (tmp_path / "sweep.png").stat().st_size > 10_000
 
 
+def test_pivot_puts_attention_in_columns_and_status_where_no_number():
+    rows = [dict(model="m", seq_len=1024, attention="flash", tokens_per_s=125_700.0, status="ok"),
+            dict(model="m", seq_len=1024, attention="naive", tokens_per_s=None, status="oom"),
+            dict(model="m", seq_len=2048, attention="flash", tokens_per_s=60_000.0, status="ok")]
+    lines = compare_runs.pivot(rows).splitlines()
+    assert lines[0].split()[-2:] == ["naive", "flash"]  # the README's order
+    assert lines[2].split()[-2:] == ["oom", "125,700"] and lines[3].split()[-1] == "60,000"
+
+
 def test_newest_of_repeated_runs_wins(tmp_path):
-    old = _fake_run(tmp_path / "a", "run", "flash", 1024, {**OK, "status": "oom"})
-    new = _fake_run(tmp_path / "b", "run", "flash", 1024, OK)
+    old = fake_run(tmp_path / "a", "run", "flash", 1024, {**OK, "status": "oom"})
+    new = fake_run(tmp_path / "b", "run", "flash", 1024, OK)
     past = time.time() - 100
     for p in old.iterdir():
         os.utime(p, (past, past))
-    [row] = cr.collect([tmp_path])
+    [row] = collect([tmp_path])
     assert row["status"] == "ok" and row["run_dir"] == str(new)
 
 
 def test_missing_folder_and_empty_sweep_fail_with_a_message(tmp_path):
     with pytest.raises(SystemExit, match="does not exist"):
-        cr.main([str(tmp_path / "nope")])
+        compare_runs.main([str(tmp_path / "nope")])
     with pytest.raises(SystemExit, match="no training runs"):
-        cr.main([str(tmp_path), "--no-plot"])
+        compare_runs.main([str(tmp_path), "--no-plot"])
 
 
 def test_reads_a_real_training_run(tiny_cfg, pattern_data, tmp_path):
@@ -83,7 +73,7 @@ def test_reads_a_real_training_run(tiny_cfg, pattern_data, tmp_path):
     run = tmp_path / "run"
     (run / ".hydra").mkdir()
     OmegaConf.save(cfg, run / ".hydra" / "config.yaml", resolve=True)
-    [row] = cr.main([str(tmp_path), "--out", str(tmp_path / "s.json"), "--no-plot"])
+    [row] = compare_runs.main([str(tmp_path), "--out", str(tmp_path / "s.json"), "--no-plot"])
     assert row["attention"] == "naive" and row["seq_len"] == cfg.seq_len and row["model"] == cfg.model.name
     assert row["status"] == "ok" and row["tokens_per_s"] == pytest.approx(summary["perf/tokens_per_s"], rel=1e-4)
     assert row["final_loss"] == pytest.approx(summary["final/val_loss"], rel=1e-4)
