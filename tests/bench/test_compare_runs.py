@@ -12,6 +12,10 @@ from bench.results import read_results
 from bench.runs import ROW_KEYS, collect
 from scripts import compare_runs
 from training.loop import train
+from training.metrics import attention_label
+
+# the run label of SDPA pinned to cuDNN, as the trainer names it
+SDPA_CUDNN = attention_label(OmegaConf.create({"attention": {"name": "sdpa", "backend": "cudnn"}}))
 
 
 def test_sweep_folder_with_ok_oom_killed_and_failed_runs(tmp_path, capsys):
@@ -29,12 +33,12 @@ def test_sweep_folder_with_ok_oom_killed_and_failed_runs(tmp_path, capsys):
     assert data["rows"] == rows and {"gpu", "torch", "date", "git_rev", "convention"} <= set(data["meta"])
     assert all(tuple(r) == ROW_KEYS for r in rows)
     got = {(r["attention"], r["seq_len"]): r for r in rows}
-    assert set(got) == {("naive", 1024), ("naive", 8192), ("flash", 8192), ("sdpa", 8192), ("sdpa-cudnn", 1024)}
+    assert set(got) == {("naive", 1024), ("naive", 8192), ("flash", 8192), ("sdpa", 8192), (SDPA_CUDNN, 1024)}
     assert got["flash", 8192]["tokens_per_s"] == 125_700 and got["flash", 8192]["final_loss"] == 3.21
     assert got["flash", 8192]["mfu"] == 0.41 and got["flash", 8192]["status"] == "ok"
     assert got["naive", 8192]["status"] == "oom" and got["naive", 8192]["tokens_per_s"] is None
-    assert got["sdpa", 8192]["status"] == "incomplete" and got["sdpa-cudnn", 1024]["status"] == "error"
-    assert [(r["seq_len"], r["attention"]) for r in rows][:2] == [(1024, "naive"), (1024, "sdpa-cudnn")]
+    assert got["sdpa", 8192]["status"] == "incomplete" and got[SDPA_CUDNN, 1024]["status"] == "error"
+    assert [(r["seq_len"], r["attention"]) for r in rows][:2] == [(1024, "naive"), (1024, SDPA_CUDNN)]
     printed = capsys.readouterr().out
     assert "125,700" in printed and "oom" in printed and "MFU %" in printed
     assert (tmp_path / "sweep.png").stat().st_size > 10_000
