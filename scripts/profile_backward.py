@@ -6,34 +6,36 @@ attention over seqlen.
     python scripts/profile_backward.py --seqlens 8192 --causal true
     python scripts/profile_backward.py --device cpu --quick   # smoke run (no kernel times on CPU)
     python scripts/profile_backward.py --impls flash flash_fused --seqlens 8192   # the two backward schedules
+    python scripts/profile_backward.py --out docs/results/backward_profile.json  # update the committed results
 
 What to expect from FLOPs alone: our backward recomputes S = QKᵀ (and P) from the saved
 log-sum-exp, 10·d·pairs against the forward's 4·d·pairs, a ratio of 2.5; naive keeps P and does
 8·d·pairs, 2.0. The measured ratios show what the recompute costs in time.
 
-Writes docs/results/backward_profile.json ({"meta", "rows"}) and a markdown table beside it.
+Writes outputs/bench/<date>/profile_backward/backward_profile.json ({"meta", "rows"}) and a
+markdown table beside it (.md).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
 
-if __package__ in (None, ""):  # `python scripts/profile_backward.py`: make the repo root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kernels.flops import attention_flops  # first: `kernels` picks the Triton backend before anything imports triton
 import torch
 
-from scripts._common import (
-    RESULTS_DIR, Table, fill_defaults, parse_dtype, random_inputs, resolve_device, rounded, run_guarded, run_meta, step_fns, synchronize, write_results,
-)
-from scripts._impls import make_impl
-from scripts.bench_attention import CAUSAL_CHOICES, Point, bench_point
+from bench.cli import CAUSAL_CHOICES, fill_defaults, resolve_device
+from bench.failures import run_guarded
+from bench.impls import make_impl
+from bench.inputs import Shape, step_fns
+from bench.results import default_out, rounded, run_meta, write_results, write_text
+from bench.sweep import Point, bench_point
+from bench.tables import Column, Table
+from bench.timing import synchronize
+from kernels.flops import attention_flops
 
+SCRIPT = "profile_backward"
 KERNEL_CLASSES = ("fwd", "preprocess", "dkdv", "dq", "bwd_other", "other")
 BWD_CLASSES = ("preprocess", "dkdv", "dq", "bwd_other")
 FLOP_PASSES = {"flash": "bwd", "flash_fused": "bwd", "naive": "bwd_stored_p"}  # which backward each implementation runs
@@ -76,9 +78,9 @@ def kernel_ms_per_iter(events: Iterable[tuple[str, float]], iters: int) -> dict[
 def profile_kernels(point: Point, device: torch.device, iters: int) -> dict[str, float] | None:
     """Per-class kernel ms of our forward+backward at `point`, or None where the profiler sees no
     GPU kernels (CPU)."""
-    attn = make_impl(point.impl)
-    q, k, v, do = random_inputs(point.batch, point.heads, point.seqlen, point.head_dim, parse_dtype(point.dtype), device)
-    _, forward_backward = step_fns(attn, q, k, v, do, point.causal)
+    shape = Shape(point.batch, point.heads, point.seqlen, point.head_dim, point.dtype, point.causal)
+    q, k, v, do = shape.inputs(device)
+    _, forward_backward = step_fns(make_impl(point.impl), q, k, v, do, point.causal)
     for _ in range(3):  # compile and autotune outside the profile
         forward_backward()
     synchronize(device)
@@ -95,7 +97,8 @@ def profile_kernels(point: Point, device: torch.device, iters: int) -> dict[str,
 
 
 def measure(point: Point, device: torch.device, iters: int, warmup_ms: float, rep_ms: float) -> dict[str, Any]:
-    timed = bench_point(point, make_impl_or_none(point.impl, device), device, warmup_ms, rep_ms)
+    attn = run_guarded(lambda: make_impl(point.impl), device, f"{point.impl} (building)")[0]
+    timed = bench_point(point, attn, device, warmup_ms, rep_ms)
     fwd, bwd = (attention_flops(point.batch, point.heads, point.seqlen, point.seqlen, point.head_dim, point.causal, p)
                 for p in ("fwd", FLOP_PASSES[point.impl]))
     row = {**{k: timed[k] for k in ("impl", "dtype", "head_dim", "seqlen", "batch", "heads", "causal", "fwd_ms", "bwd_ms")},
@@ -112,24 +115,19 @@ def measure(point: Point, device: torch.device, iters: int, warmup_ms: float, re
     return row
 
 
-def make_impl_or_none(name: str, device: torch.device):
-    return run_guarded(lambda: make_impl(name), device, f"{name} (building)")[0]
-
-
 TABLE = Table([
-    ("impl", "impl", 11, ""), ("seqlen", "N", 6, ""), ("batch", "B", 4, ""), ("causal", "causal", 6, ""),
-    ("fwd_ms", "fwd ms", 9, ".3f"), ("bwd_ms", "bwd ms", 9, ".3f"), ("bwd_fwd_ratio", "bwd/fwd", 7, ".2f"),
-    ("flop_ratio", "FLOPs", 5, ".1f"), ("k_fwd", "k fwd", 8, ".3f"), ("k_preprocess", "k pre", 8, ".3f"),
-    ("k_dkdv", "k dkdv", 8, ".3f"), ("k_dq", "k dq", 8, ".3f"), ("k_bwd_other", "k fused", 8, ".3f"),
-    ("k_other", "k other", 8, ".3f"),
-    ("kernel_bwd_fwd_ratio", "k bwd/fwd", 9, ".2f"), ("status", "status", 11, ""),
+    Column("impl", "impl"), Column("seqlen", "N"), Column("batch", "B"), Column("causal", "causal"),
+    Column("fwd_ms", "fwd ms", ".3f"), Column("bwd_ms", "bwd ms", ".3f"), Column("bwd_fwd_ratio", "bwd/fwd", ".2f"),
+    Column("flop_ratio", "FLOPs", ".1f"), Column("k_fwd", "k fwd", ".3f"), Column("k_preprocess", "k pre", ".3f"),
+    Column("k_dkdv", "k dkdv", ".3f"), Column("k_dq", "k dq", ".3f"), Column("k_bwd_other", "k fused", ".3f"),
+    Column("k_other", "k other", ".3f"), Column("kernel_bwd_fwd_ratio", "k bwd/fwd", ".2f"), Column("status", "status"),
 ])
 
 
 def flat(row: dict[str, Any]) -> dict[str, Any]:
     """The row with its kernel times as top-level k_* cells, for the tables."""
     kernels = row["kernel_ms"] or {}
-    return {**row, **{f"k_{c}": kernels.get(c) for c in ("fwd", "preprocess", "dkdv", "dq", "bwd_other", "other")}}
+    return {**row, **{f"k_{c}": kernels.get(c) for c in KERNEL_CLASSES}}
 
 
 DEFAULTS = dict(seqlens=[1024, 2048, 4096, 8192, 16384], tokens=16384, heads=16, head_dim=64, iters=5, warmup_ms=25.0, rep_ms=50.0)
@@ -151,8 +149,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-ms", type=float)
     p.add_argument("--rep-ms", type=float)
     p.add_argument("--quick", action="store_true", help=f"CPU smoke run: {QUICK}; explicit flags still win")
-    p.add_argument("--out", type=Path, default=RESULTS_DIR / "backward_profile.json", help="the markdown goes beside it (.md)")
+    p.add_argument("--out", type=Path, help=f"result JSON, the markdown goes beside it (.md) (default {default_out(SCRIPT, 'backward_profile.json')})")
     args = p.parse_args(argv)
+    args.out = args.out or default_out(SCRIPT, "backward_profile.json")
     return fill_defaults(p, args, DEFAULTS, QUICK, dtype_keys=["dtype"])
 
 
@@ -161,7 +160,6 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     device = resolve_device(args.device)
     meta = run_meta(device, CONVENTION)
     print(f"backward profile on {meta['gpu']}: {args.dtype}, d={args.head_dim}, {args.heads} heads, {args.tokens} tokens", flush=True)
-    print(TABLE.header(), flush=True)
     rows = []
     for causal in CAUSAL_CHOICES[args.causal]:
         for impl in args.impls:
@@ -170,13 +168,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 rows.append(measure(point, device, args.iters, args.warmup_ms, args.rep_ms))
                 print(TABLE.line(flat(rows[-1])), flush=True)
                 write_results(args.out, meta, rows)
+    print("\n" + TABLE.render(flat(r) for r in rows), flush=True)
     if device.type != "cuda":
         print("(no kernel times: torch.profiler records GPU kernels only on CUDA)", flush=True)
     md = args.out.with_suffix(".md")
-    md.write_text(f"## Backward vs forward ({meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']})\n\n"
-                  f"{args.dtype}, head_dim {args.head_dim}, {args.heads} heads, batch × seqlen = {args.tokens}. "
-                  f"Times in ms; k_* = our kernels per forward+backward (torch.profiler).\n\n"
-                  f"{TABLE.markdown(flat(r) for r in rows)}\n\n{CONVENTION}\n")
+    write_text(md, f"## Backward vs forward ({meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']})\n\n"
+                   f"{args.dtype}, head_dim {args.head_dim}, {args.heads} heads, batch × seqlen = {args.tokens}. "
+                   f"Times in ms; k_* = our kernels per forward+backward (torch.profiler).\n\n"
+                   f"{TABLE.markdown(flat(r) for r in rows)}\n\n{CONVENTION}\n")
     print(f"wrote {args.out} and {md}", flush=True)
     return rows
 

@@ -4,7 +4,12 @@ Two steps, so runs can be spread over GPUs and machines and reported together:
 
     # each RUN is attention:gpus[:parallel]; 1 GPU is a plain `python train.py`, more go through torchrun
     python scripts/scaling.py run flash:1 sdpa:1 flash:2 sdpa:2 flash:2:fsdp --runs-dir scaling_runs
-    python scripts/scaling.py report scaling_runs            # table + docs/results/scaling.json
+    python scripts/scaling.py run flash:2 --train data=synthetic compile=false   # the rest goes to train.py
+    python scripts/scaling.py report scaling_runs            # table + outputs/bench/<date>/scaling/scaling.json
+    python scripts/scaling.py report scaling_runs --out docs/results/scaling.json   # update the committed results
+
+`--train` (or a bare `--`) ends scaling.py's own arguments: everything after it is passed to every
+train.py unchanged. Runs go to outputs/bench/<date>/scaling/runs/<name> unless --runs-dir says.
 
 Defaults: GPT-2 medium, seq_len 8192, 2 sequences per GPU per step (batch_size = 2 × GPUs), bf16
 and compiled (train.py's CUDA defaults), 40 steps, no evaluation or checkpoints in between.
@@ -25,17 +30,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # `python scripts/scaling.py`: make the repo root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import torch
 from omegaconf import OmegaConf
 
-from scripts._common import RESULTS_DIR, ROOT, Table, rounded, run_meta, write_results
-from scripts import compare_runs
-from scripts.compare_runs import HYDRA_CONFIG, find_runs
+from bench import runs as train_runs
+from bench.results import ROOT, default_out, output_dir, rounded, run_meta, write_json, write_results
+from bench.tables import Column, Table
 from training.distributed import PARALLEL
+from training.metrics import HYDRA_CONFIG, find_runs, read_summary
 
+SCRIPT = "scaling"
 ROW_KEYS = ("attention", "parallel", "gpus", "seq_len", "per_gpu_batch", "tokens_per_s", "tokens_per_s_per_gpu",
             "step_ms", "peak_mem_gib", "mfu", "scaling_efficiency", "final_loss", "status", "run_dir")
 CONVENTION = (
@@ -94,7 +98,7 @@ def run_all(args: argparse.Namespace) -> int:
     for spec in args.runs:
         if spec.gpus > available and not on_cpu and not args.dry_run:
             raise SystemExit(f"{spec.name}: {spec.gpus} GPUs asked for, this machine has {available}; drop the run, "
-                             "use a machine with more GPUs, or add `-- device=cpu` to run the ranks on the CPU")
+                             "use a machine with more GPUs, or add `--train device=cpu` to run the ranks on the CPU")
     failed = 0
     for spec in args.runs:
         run_dir = args.runs_dir.resolve() / spec.name
@@ -106,22 +110,23 @@ def run_all(args: argparse.Namespace) -> int:
             shutil.rmtree(run_dir)  # a re-run replaces the old one: report reads one run per name
         run_dir.mkdir(parents=True)
         # What was launched, for the report: a run that dies before its summary still says its GPU count.
-        (run_dir / LAUNCH_FILE).write_text(json.dumps({"gpus": spec.gpus, "parallel": spec.parallel, "command": cmd}))
+        write_json(run_dir / LAUNCH_FILE, {"gpus": spec.gpus, "parallel": spec.parallel, "command": cmd})
         start = time.monotonic()
         rc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **NCCL_SAFE_ENV}).returncode
         print(f"=== {spec.name}: exit {rc} after {time.monotonic() - start:.0f} s", flush=True)
         failed += rc != 0
+    print(f"\nruns in {args.runs_dir}; report with: python scripts/scaling.py report {args.runs_dir}", flush=True)
     return 1 if failed else 0
 
 
 def run_row(run: Path) -> dict[str, Any] | None:
     """One row per run folder: compare_runs' row (speed, memory, loss, status) plus the GPU count,
     parallelism and per-GPU batch; scaling efficiency is filled in later from the 1-GPU rows."""
-    base = compare_runs.run_row(run)
+    base = train_runs.run_row(run)
     if base is None:
         return None
     cfg = OmegaConf.load(run / HYDRA_CONFIG)
-    summary = compare_runs.read_summary(run)[0] or {}
+    summary = read_summary(run)[0] or {}
     # A run that ended before its summary has no rank count: the launch record says how many were meant.
     launched = json.loads((run / LAUNCH_FILE).read_text()) if (run / LAUNCH_FILE).exists() else {}
     gpus = int(summary.get("ranks") or launched.get("gpus") or 1)
@@ -144,16 +149,20 @@ def with_efficiency(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 TABLE = Table([
-    ("attention", "attention", 10, ""), ("parallel", "parallel", 8, ""), ("gpus", "GPUs", 4, ""),
-    ("seq_len", "seq_len", 7, ""), ("per_gpu_batch", "batch/GPU", 9, ""), ("tokens_per_s", "tokens/s", 10, ".0f"),
-    ("tokens_per_s_per_gpu", "tok/s/GPU", 10, ".0f"), ("step_ms", "step ms", 8, ".1f"),
-    ("peak_mem_gib", "GiB/GPU", 8, ".1f"), ("mfu_pct", "MFU %", 6, ".1f"), ("efficiency_pct", "scaling %", 9, ".1f"),
-    ("status", "status", 10, ""),
+    Column("attention", "attention"), Column("parallel", "parallel"), Column("gpus", "GPUs"),
+    Column("seq_len", "seq_len"), Column("per_gpu_batch", "batch/GPU"), Column("tokens_per_s", "tokens/s", ".0f"),
+    Column("tokens_per_s_per_gpu", "tok/s/GPU", ".0f"), Column("step_ms", "step ms", ".1f"),
+    Column("peak_mem_gib", "GiB/GPU", ".1f"), Column("mfu_pct", "MFU %", ".1f"), Column("efficiency_pct", "scaling %", ".1f"),
+    Column("status", "status"),
 ])
 
 
 def report(args: argparse.Namespace) -> list[dict[str, Any]]:
-    rows = [r for r in (run_row(run) for run in find_runs(args.runs_dirs)) if r is not None]
+    try:
+        runs = find_runs(args.runs_dirs)
+    except FileNotFoundError as err:
+        raise SystemExit(str(err)) from None
+    rows = [r for r in map(run_row, runs) if r is not None]
     if not rows:
         raise SystemExit(f"no training runs under {', '.join(map(str, args.runs_dirs))}; run `scaling.py run ...` first")
     rows = with_efficiency(sorted(rows, key=lambda r: (r["seq_len"], r["attention"], r["gpus"], r["parallel"])))
@@ -168,29 +177,37 @@ def report(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> Any:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="what", required=True)
     r = sub.add_parser("run", help="launch the runs, one after another")
     r.add_argument("runs", nargs="+", type=RunSpec.parse, help="attention:gpus[:parallel], e.g. flash:1 flash:2:fsdp")
-    r.add_argument("--runs-dir", type=Path, default=Path("scaling_runs"))
+    r.add_argument("--runs-dir", type=Path, help=f"default {output_dir(SCRIPT) / 'runs'}")
     r.add_argument("--model", default="gpt2-medium")
     r.add_argument("--seq-len", type=int, default=8192)
     r.add_argument("--per-gpu-batch", type=int, default=2, help="sequences per GPU per step")
     r.add_argument("--steps", type=int, default=40)
     r.add_argument("--dry-run", action="store_true", help="print the commands only")
+    r.add_argument("--train", dest="overrides", nargs=argparse.REMAINDER, default=[], metavar="KEY=VALUE",
+                   help="the rest of the command line goes to train.py unchanged (e.g. --train device=cpu compile=false)")
     q = sub.add_parser("report", help="table and JSON of the runs below the given folders")
     q.add_argument("runs_dirs", nargs="+", type=Path)
-    q.add_argument("--out", type=Path, default=RESULTS_DIR / "scaling.json")
-    # Anything after `--` goes to train.py unchanged (e.g. `-- device=cpu compile=false`).
-    argv = sys.argv[1:] if argv is None else list(argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
+    q.add_argument("--out", type=Path, help=f"default {default_out(SCRIPT, 'scaling.json')}")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # A bare `--` (the spelling train.py users know) means --train: argparse would hand it to the greedy RUN list.
+    if "--" in argv:
+        argv[argv.index("--")] = "--train"
     args = p.parse_args(argv)
     if args.what == "run":
-        args.overrides = extra
-        return run_all(args)
-    return report(args)
+        args.runs_dir = args.runs_dir or output_dir(SCRIPT) / "runs"
+    else:
+        args.out = args.out or default_out(SCRIPT, "scaling.json")
+    return args
+
+
+def main(argv: list[str] | None = None) -> Any:
+    args = parse_args(argv)
+    return run_all(args) if args.what == "run" else report(args)
 
 
 if __name__ == "__main__":

@@ -136,3 +136,34 @@ def _start_wandb(cfg: DictConfig, out_dir: Path, derived: dict[str, Any]) -> Any
     )
     log.info("wandb: mode=%s project=%s group=%s name=%s dir=%s", lg.mode, lg.project, run.group, run.name, out_dir)
     return run
+
+
+# Reading run folders (the writer's counterpart)
+
+HYDRA_CONFIG = Path(".hydra") / "config.yaml"  # the composed config Hydra saves in each run folder
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    """Run folders at or below `paths`: those with a Hydra config or a metrics file."""
+    runs = set()
+    for root in map(Path, paths):
+        if not root.exists():
+            raise FileNotFoundError(f"{root} does not exist; pass run folders or the outputs/ or multirun/ folders above them")
+        runs |= {p.parent.parent for p in root.rglob(HYDRA_CONFIG.as_posix())}
+        runs |= {p.parent for p in root.rglob(METRICS_FILE)}
+    return sorted(runs)
+
+
+def read_summary(run: Path) -> tuple[dict[str, Any] | None, int]:
+    """(the run's summary or None, number of logged steps): the summary line of metrics.jsonl,
+    else summary.json (a run killed while finishing may have torn the line but written the file)."""
+    steps, summary = 0, None
+    if (run / METRICS_FILE).exists():
+        for record in read_jsonl(run / METRICS_FILE):  # skips a line torn by a killed run
+            if "summary" in record:
+                summary = record["summary"]
+            else:
+                steps += 1
+    if summary is None and (run / SUMMARY_FILE).exists():
+        summary = json.loads((run / SUMMARY_FILE).read_text())
+    return summary, steps

@@ -4,7 +4,7 @@ naive, sdpa*, flash and flash_fused are the trainer's own (model/attention.py), 
 measure exactly what `train.py attention=...` runs; flex is benchmark-only.
 
     naive           QKᵀ, scale, causal mask, softmax, @V in the input dtype: the paper's "standard attention"
-    flash           ours, kernels/flash_attention.py (Triton), deterministic two-pass backward
+    flash           ours, kernels/flash_attn (Triton), deterministic two-pass backward
     flash_fused     ours with the single-pass atomic-dQ backward (attention=flash attention.deterministic=false)
     sdpa            torch scaled_dot_product_attention, PyTorch's own backend choice
     sdpa_cudnn, sdpa_flash, sdpa_efficient, sdpa_math   SDPA pinned to one backend (sdpa_kernel)
@@ -19,7 +19,9 @@ import torch
 from torch import Tensor
 
 from model.attention import get_attention
-from scripts._common import AttnFn
+
+# An attention implementation as the scripts see it (same signature as model.attention).
+AttnFn = Callable[[Tensor, Tensor, Tensor, bool], Tensor]
 
 SDPA_PINNED = {"sdpa_cudnn": "cudnn", "sdpa_flash": "flash", "sdpa_efficient": "efficient", "sdpa_math": "math"}
 IMPL_NAMES = ("naive", "flash", "flash_fused", "sdpa", *SDPA_PINNED, "flex")
@@ -56,21 +58,17 @@ def _flex() -> AttnFn:
     return flex
 
 
-def _factory(name: str) -> Callable[[], AttnFn]:
-    if name in SDPA_PINNED:
-        return lambda: get_attention("sdpa", backend=SDPA_PINNED[name])
-    if name == "flex":
-        return _flex
-    if name == "flash_fused":
-        return lambda: get_attention("flash", deterministic=False)
-    return lambda: get_attention(name)
-
-
 def make_impl(name: str) -> AttnFn:
     """The attention function called `name` (see the module docstring)."""
     if name not in IMPL_NAMES:
         raise ValueError(f"unknown attention impl {name!r}; choose from {', '.join(IMPL_NAMES)}")
-    return _factory(name)()
+    if name in SDPA_PINNED:
+        return get_attention("sdpa", backend=SDPA_PINNED[name])
+    if name == "flex":
+        return _flex()
+    if name == "flash_fused":
+        return get_attention("flash", deterministic=False)
+    return get_attention(name)
 
 
 def default_impls(device: torch.device) -> list[str]:

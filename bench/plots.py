@@ -1,0 +1,132 @@
+"""The figures: the attention sweep (time, memory, TFLOP/s vs seqlen) and a training sweep
+(tokens/s and peak memory vs seq_len)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench.impls import IMPL_NAMES
+from bench.runs import attention_order
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display needed; files only)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+# ----------------------------------------------------------------------------------------------
+# Attention sweep: one panel per (dtype, head_dim) × causal, one line per implementation
+# ----------------------------------------------------------------------------------------------
+
+ATTENTION_PLOTS = {
+    # file name: (y value of a row, y label, log y)
+    "attention_time.png": (lambda r: r["fwdbwd_ms"], "forward+backward time (ms)", True),
+    "attention_memory.png": (lambda r: None if r["peak_mem_mib"] is None else r["peak_mem_mib"] / r["batch"],
+                             "extra peak memory per sequence (MiB)", True),
+    "attention_tflops.png": (lambda r: r["fwdbwd_tflops"], "forward+backward TFLOP/s", False),
+}
+
+
+def plot_attention_sweep(rows: list[dict[str, Any]], plot_dir: Path) -> list[Path]:
+    """Time, memory and TFLOP/s vs seqlen; a dotted vertical line marks where an implementation
+    first ran out of memory. Memory is per sequence, so at fixed tokens the N×N implementations
+    rise as N² and the tiled ones as N (dashed reference slopes)."""
+    plt = pyplot()
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    panels = sorted({(r["dtype"], r["head_dim"]) for r in rows})
+    causals = sorted({r["causal"] for r in rows})
+    present = {r["impl"] for r in rows}
+    impls = [n for n in IMPL_NAMES if n in present] + sorted(present - set(IMPL_NAMES))
+    extra = [n for n in impls if n not in IMPL_NAMES]
+    colors = {name: f"C{i % 10}" for i, name in enumerate([*IMPL_NAMES, *extra])}  # one color per impl in every plot
+    written = []
+    for filename, (value, ylabel, logy) in ATTENTION_PLOTS.items():
+        height = 3.8 * len(panels) + 0.7  # + room for the shared legend on top
+        fig, axes = plt.subplots(len(panels), len(causals), figsize=(5.5 * len(causals), height), squeeze=False)
+        for (dtype, d), ax_row in zip(panels, axes):
+            for causal, ax in zip(causals, ax_row):
+                panel = [r for r in rows if (r["dtype"], r["head_dim"], r["causal"]) == (dtype, d, causal)]
+                _plot_panel(ax, panel, impls, colors, value, logy, reference_slopes=filename == "attention_memory.png")
+                ax.set_title(f"{dtype}, head_dim {d}, {'causal' if causal else 'non-causal'}", fontsize=9)
+                ax.set_xlabel("seqlen")
+                ax.set_ylabel(ylabel, fontsize=8)
+        handles = {}
+        for ax in axes.flat:
+            for handle, label in zip(*ax.get_legend_handles_labels()):
+                handles.setdefault(label, handle)
+        if handles:
+            fig.legend(handles.values(), handles.keys(), loc="upper center", ncol=min(6, len(handles)), fontsize=8)
+        fig.tight_layout(rect=(0, 0, 1, 1 - 0.7 / height))
+        path = plot_dir / filename
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def _plot_panel(ax, panel, impls, colors, value, logy: bool, reference_slopes: bool) -> None:
+    from matplotlib.ticker import NullLocator
+
+    for name in impls:
+        pts = sorted((r["seqlen"], value(r)) for r in panel if r["impl"] == name and r["status"] == "ok" and value(r) is not None)
+        if pts:
+            ax.plot(*zip(*pts), marker="o", ms=3, color=colors[name], label=name)
+        ooms = sorted(r["seqlen"] for r in panel if r["impl"] == name and r["status"] == "oom")
+        if ooms:
+            ax.axvline(ooms[0], color=colors[name], ls=":", lw=1.2, label=f"{name} OOM from here")
+    ax.set_xscale("log", base=2)
+    seqlens = sorted({r["seqlen"] for r in panel})
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticks(seqlens, [str(n) for n in seqlens], fontsize=7)
+    if logy:
+        ax.set_yscale("log")
+    ys = [value(r) for r in panel if r["status"] == "ok" and value(r)]
+    if reference_slopes and ys:
+        n0, y0 = seqlens[0], min(ys)
+        for power, label in ((1, "∝ N"), (2, "∝ N²")):
+            ax.plot(seqlens, [y0 * (n / n0) ** power for n in seqlens], ls="--", lw=0.8, color="0.6" if power == 1 else "0.3", label=label)
+    ax.grid(True, which="both", alpha=0.3)
+
+
+# ----------------------------------------------------------------------------------------------
+# Training sweep
+# ----------------------------------------------------------------------------------------------
+
+
+def plot_train_sweep(rows: list[dict[str, Any]], path: Path) -> Path:
+    """tokens/s and peak memory vs seq_len, one line per attention; an x on the axis marks OOM."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    models = sorted({r["model"] for r in rows})
+    lines = [(m, a) for m in models for a in attention_order(rows)]
+    for i, (model, attn) in enumerate(lines):
+        mine = sorted((r for r in rows if (r["model"], r["attention"]) == (model, attn)), key=lambda r: r["seq_len"])
+        color, attn = f"C{i % 10}", attn if len(models) == 1 else f"{attn} ({model})"
+        for ax, key in zip(axes, ("tokens_per_s", "peak_mem_gib")):
+            ok = [(r["seq_len"], r[key]) for r in mine if r["status"] == "ok" and r[key] is not None]
+            if ok:
+                ax.plot(*zip(*ok), marker="o", color=color, label=attn)
+            ooms = [r["seq_len"] for r in mine if r["status"] == "oom"]
+            if ooms:
+                ax.plot(ooms, [0] * len(ooms), "x", ms=10, mew=2, color=color, label=f"{attn}: out of memory", clip_on=False)
+    seqlens = sorted({r["seq_len"] for r in rows})
+    for ax, label in zip(axes, ("tokens / s", "peak memory (GiB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(seqlens, [str(n) for n in seqlens])
+        ax.set_xlabel("seq_len")
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"training sweep: {', '.join(models)}", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

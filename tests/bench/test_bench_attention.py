@@ -1,0 +1,47 @@
+"""scripts/bench_attention.py: the command line (a smoke run on CPU, --append, bad flags)."""
+
+import pytest
+
+from bench.results import read_results
+from bench.sweep import ROW_KEYS
+from scripts import bench_attention
+
+META_KEYS = {"gpu", "torch", "triton", "cuda", "date", "git_rev", "convention"}
+
+
+@pytest.mark.slow
+def test_main_smoke_on_cpu(tmp_path, capsys):
+    out = tmp_path / "results" / "bench.json"
+    rows = bench_attention.main(["--device", "cpu", "--quick", "--impls", "naive", "sdpa_math", "--seqlens", "16",
+                                 "--out", str(out), "--no-plots"])  # plotting: tests/bench/test_plots.py
+    data = read_results(out)
+    assert META_KEYS <= set(data["meta"]) and data["rows"] == rows
+    assert len(rows) == 2 * 2 and all(r["status"] == "ok" for r in rows)
+    assert {(r["impl"], r["causal"]) for r in rows} == {(i, c) for i in ("naive", "sdpa_math") for c in (False, True)}
+    assert all(tuple(r) == ROW_KEYS and r["dtype"] == "bfloat16" and r["fwd_ms"] > 0 for r in rows)
+    printed = capsys.readouterr().out
+    assert "convention" in printed and printed.count("sdpa_math") >= 5  # impl list, a line per point, the final table
+
+    # --append re-measures one impl with flash added (interpreted, one tiny point) and keeps the rest
+    more = bench_attention.main(["--device", "cpu", "--quick", "--impls", "flash", "--seqlens", "64", "--heads", "1",
+                                 "--causal", "true", "--out", str(out), "--no-plots", "--append"])
+    data = read_results(out)
+    assert len(more) == 5 and data["rows"] == more and "previous_meta" in data["meta"]
+    flash = [r for r in more if r["impl"] == "flash"]
+    assert len(flash) == 1 and flash[0]["status"] == "ok" and flash[0]["causal"] is True
+
+
+def test_bad_flags_fail_with_a_message(capsys):
+    with pytest.raises(SystemExit):
+        bench_attention.parse_args(["--dtypes", "fp8"])
+    assert "fp8" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_attention.parse_args(["--impls", "flash2"])
+
+
+def test_plots_go_beside_the_results_unless_told():
+    args = bench_attention.parse_args(["--out", "somewhere/r.json"])
+    assert str(args.plot_dir) == "somewhere"
+    args = bench_attention.parse_args([])
+    assert args.out.parts[:2] == ("outputs", "bench") and args.plot_dir == args.out.parent
+    assert str(bench_attention.parse_args(["--plot-dir", "docs"]).plot_dir) == "docs"

@@ -1,0 +1,45 @@
+"""bench/impls.py: each implementation name maps to an attention that computes attention."""
+
+import pytest
+import torch
+
+from bench.failures import run_guarded
+from bench.impls import IMPL_NAMES, default_impls, make_impl
+from bench.inputs import random_inputs
+
+CPU = torch.device("cpu")
+
+
+def test_impl_registry_names_and_defaults():
+    assert set(IMPL_NAMES) == {"naive", "flash", "flash_fused", "sdpa", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math", "flex"}
+    assert "flex" not in default_impls(CPU) and default_impls(torch.device("cuda")) == list(IMPL_NAMES)
+    with pytest.raises(ValueError, match="naive"):
+        make_impl("flash2")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_impls_compute_the_same_attention(causal):
+    # fp32, tiny: every name that runs on CPU must give softmax(QKᵀ/√d)V; flash runs interpreted.
+    q, k, v, _ = random_inputs(1, 2, 16, 16, torch.float32, CPU, requires_grad=False)
+    scores = (q.double() @ k.double().transpose(-2, -1)) / 4.0
+    if causal:
+        scores = scores.masked_fill(torch.ones(16, 16, dtype=torch.bool).triu(1), float("-inf"))
+    expected = scores.softmax(-1) @ v.double()
+    for name in ("naive", "flash", "flash_fused", "sdpa", "sdpa_math", "sdpa_flash"):
+        out = make_impl(name)(q, k, v, causal)
+        torch.testing.assert_close(out.double(), expected, atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
+def test_pinned_cuda_only_backend_is_unsupported_on_cpu():
+    q, k, v, _ = random_inputs(1, 1, 8, 16, torch.float32, CPU, requires_grad=False)
+    result, status = run_guarded(lambda: make_impl("sdpa_cudnn")(q, k, v, False), CPU, "sdpa_cudnn")
+    assert result is None and status == "unsupported"
+
+
+def test_flex_builds_without_compiling_yet():
+    # Compiling happens at the first call (on the GPU); building only wires the compiled function
+    # and lets dynamo keep one static-shape variant per benchmarked shape.
+    flex = make_impl("flex")
+    config = torch._dynamo.config
+    limit = config.recompile_limit if hasattr(config, "recompile_limit") else config.cache_size_limit
+    assert callable(flex) and limit >= 64
