@@ -81,10 +81,7 @@ def _bwd_kv_inner(
     return dk, dv
 
 
-# seqlen_q stays a run-time value in the key-block kernel: Triton would otherwise compile
-# seqlen_q == 1 as a constant, fold the one-trip query loop away and leave the GQA loop, which
-# builds the TMA descriptors, as the innermost loop, which its pipeliner cannot compile.
-@triton.jit(do_not_specialize=["seqlen_q"])
+@triton.jit
 def bwd_kv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
     stride_qb, stride_qh, stride_qn, stride_qd,
@@ -130,7 +127,12 @@ def bwd_kv_kernel(
     else:
         lo = 0
         full_start = 0
-    for g in range(0, group):  # dK, dV sum over the query heads that share this kv head
+    # dK, dV sum over the query heads that share this kv head. This loop is never software-pipelined
+    # (num_stages=1): at seqlen_q == 1, which Triton compiles as a constant, the one-trip query
+    # loops fold away and leave it innermost, and the pipeliner cannot predicate the TMA
+    # descriptors it builds. (do_not_specialize on seqlen_q also avoids that, but slowed the
+    # backward by losing seqlen_q's divisibility by 16.)
+    for g in tl.range(0, group, num_stages=1):
         h = kvh * group + g
         q_src = row_source(Q + b * stride_qb + h * stride_qh, seqlen_q, stride_qn, stride_qd, BLOCK_M, BLOCK_D, HEAD_DIM, TMA)
         do_src = row_source(DO + b * stride_dob + h * stride_doh, seqlen_q, stride_don, stride_dod, BLOCK_M, BLOCK_D, HEAD_DIM, TMA)

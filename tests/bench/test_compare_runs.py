@@ -5,7 +5,7 @@ import os
 import time
 
 import pytest
-from _runs import OK, fake_run
+from _fake_runs import OK, fake_run
 from omegaconf import OmegaConf
 
 from bench.results import read_results

@@ -10,7 +10,7 @@ from datetime import date
 from pathlib import Path
 
 import pytest
-from _runs import OK, fake_run
+from _fake_runs import OK, fake_run
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK = ["--device", "cpu", "--quick"]

@@ -5,7 +5,7 @@ import argparse
 import json
 
 import pytest
-from _runs import OK, fake_run
+from _fake_runs import OK, fake_run
 from conftest import SHRINK
 
 from bench.results import read_results

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _runs import CPU, no_autocast, read_metrics
+from _tiny import CPU, no_autocast, read_metrics
 from conftest import PatternDataset
 from model import GPT, GPTConfig
 from training import train

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from _runs import read_metrics
+from _tiny import read_metrics
 from conftest import compose_config
 from data.files import atomic_path
 from training import train

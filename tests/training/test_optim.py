@@ -2,7 +2,7 @@
 
 import pytest
 
-from _runs import CPU
+from _tiny import CPU
 from model import GPT, GPTConfig
 from training.optim import build_optimizer, lr_at
 

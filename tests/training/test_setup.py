@@ -4,7 +4,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from _runs import CPU
+from _tiny import CPU
 from conftest import SHRINK, compose_config
 from training.config import ConfigError
 from training.setup import build_model, peak_flops, setup
