@@ -46,11 +46,11 @@ def kernel_calls(q: Tensor, k: Tensor, v: Tensor, do: Tensor, causal: bool) -> d
     and delta computed once at the table's configs). bwd_fused replaces a whole backward, so it is
     called as one: preprocess, dQ zeroing, the fused kernel, dQ cast."""
     scale = q.shape[-1] ** -0.5
-    o, lse = launch.forward(q, k, v, causal, scale)
+    o, lse2 = launch.forward(q, k, v, causal, scale)
     delta = launch.backward_delta(o, do)
     return {
         "fwd": lambda cfg: launch.forward(q, k, v, causal, scale, config=cfg)[0],
-        "bwd_dkdv": lambda cfg: launch.backward_dkdv(do, q, k, v, lse, delta, causal, scale, config=cfg)[0],
-        "bwd_dq": lambda cfg: launch.backward_dq(do, q, k, v, lse, delta, causal, scale, config=cfg),
-        "bwd_fused": lambda cfg: launch.backward_fused(do, q, k, v, lse, launch.backward_delta(o, do), causal, scale, config=cfg),
+        "bwd_dkdv": lambda cfg: launch.backward_dkdv(do, q, k, v, lse2, delta, causal, scale, config=cfg)[0],
+        "bwd_dq": lambda cfg: launch.backward_dq(do, q, k, v, lse2, delta, causal, scale, config=cfg),
+        "bwd_fused": lambda cfg: launch.backward_fused(do, q, k, v, lse2, launch.backward_delta(o, do), causal, scale, config=cfg),
     }

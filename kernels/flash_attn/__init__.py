@@ -23,6 +23,7 @@ import torch
 
 from kernels.flash_attn.launch import interpreting
 from kernels.flash_attn.op import flash_attn_bwd, flash_attn_fwd
+from kernels.flash_attn.tiles import LN2, LOG2E
 
 MAX_HEAD_DIM = 256
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -113,7 +114,8 @@ def flash_attn_forward(
     """
     check_inputs(q, k, v, causal, softmax_scale)
     with torch.no_grad():
-        return flash_attn_fwd(q, k, v, causal, _scale(q, softmax_scale))
+        out, lse2 = flash_attn_fwd(q, k, v, causal, _scale(q, softmax_scale))
+    return out, lse2 * LN2.value  # the kernels keep it in base 2
 
 
 def flash_attn_backward(
@@ -137,4 +139,4 @@ def flash_attn_backward(
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device}, q on {q.device}: they must be on one device")
     with torch.no_grad():
-        return flash_attn_bwd(dout, q, k, v, out, lse, causal, _scale(q, softmax_scale), deterministic)
+        return flash_attn_bwd(dout, q, k, v, out, lse * LOG2E.value, causal, _scale(q, softmax_scale), deterministic)

@@ -1,7 +1,7 @@
 """The backward kernels (FlashAttention-2, Algorithm 2, with recomputation).
 
 First delta = rowsum(dO ∘ O) (= rowsum(P ∘ dP)). Then the probabilities are rebuilt tile by tile
-from Q, K and the saved LSE, P = e^{S − LSE}, and
+from Q, K and the saved LSE (base 2, as the forward keeps it), P = 2^{S·scale·log2(e) − LSE}, and
 
     dV = Pᵀ dO,   dP = dO Vᵀ,   dS = P ∘ (dP − delta),   dK = scale · dSᵀ Q,   dQ = scale · dS K
 
@@ -22,7 +22,7 @@ dK, dV, and with ATOMIC_DQ its dQ share: the fused schedule), bwd_dq_kernel (the
 import triton
 import triton.language as tl
 
-from kernels.flash_attn.tiles import LOG2E, causal_bounds, load_rows, mma_operand, row_source
+from kernels.flash_attn.tiles import causal_bounds, load_rows, mma_operand, row_source
 
 
 @triton.jit
@@ -60,7 +60,7 @@ def _bwd_kv_inner(
         row_ok = rows < seqlen_q
         q = mma_operand(load_rows(q_src, start_m, offs_m0, offs_d, seqlen_q, stride_qn, stride_qd, HEAD_DIM, TMA), ELEM, UPCAST)
         # rows past the end get LSE = +inf, hence P = 0: no score mask needed for them
-        lse2 = tl.load(lse_base + rows, mask=row_ok, other=float("inf")) * LOG2E
+        lse2 = tl.load(lse_base + rows, mask=row_ok, other=float("inf"))
         # recompute Pᵀ (BLOCK_N, BLOCK_M) from Q, K and the saved LSE
         p_t = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale - lse2[None, :])
         if MASKED:
@@ -218,7 +218,7 @@ def bwd_dq_kernel(
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod, mask=q_ok, other=0.0)
     q = mma_operand(q, ELEM, UPCAST)  # q and dO stay on chip while the key blocks stream past
     do = mma_operand(do, ELEM, UPCAST)
-    lse2 = tl.load(LSE + row0 + offs_m, mask=row_ok, other=float("inf")) * LOG2E
+    lse2 = tl.load(LSE + row0 + offs_m, mask=row_ok, other=float("inf"))
     delta = tl.load(DELTA + row0 + offs_m, mask=row_ok, other=0.0)
     k_src = row_source(K + b * stride_kb + kvh * stride_kh, seqlen_k, stride_kn, stride_kd, BLOCK_N, BLOCK_D, HEAD_DIM, TMA)
     v_src = row_source(V + b * stride_vb + kvh * stride_vh, seqlen_k, stride_vn, stride_vd, BLOCK_N, BLOCK_D, HEAD_DIM, TMA)

@@ -12,12 +12,13 @@ l = Σ_j e^{s_j − m} and the unnormalised output o. For each key block with sc
     o     = α·o + p V
 
 and at the end O = o / l and LSE = m + log l (the row's log-sum-exp), the only two things
-written. Exponentials are exp2 with log2(e)·scale folded into the scores.
+written. Exponentials are exp2 with log2(e)·scale folded into the scores, so m and the saved
+LSE are in base 2 (log2 of the sum); the public flash_attn_forward converts to the natural log.
 """
 import triton
 import triton.language as tl
 
-from kernels.flash_attn.tiles import LN2, causal_bounds, load_rows, mma_operand, row_source
+from kernels.flash_attn.tiles import causal_bounds, load_rows, mma_operand, row_source
 
 
 @triton.jit
@@ -112,7 +113,9 @@ def fwd_kernel(
         l_i = tl.where(empty, 1.0, l_i)
         m_i = tl.where(empty, float("inf"), m_i)
     acc = acc / l_i[:, None]
-    lse = (m_i + tl.math.log2(l_i)) * LN2  # m is in base-2 units: back to the natural log
-    tl.store(LSE + row0 + offs_m, lse, mask=offs_m < seqlen_q)
+    # the log-sum-exp stays in base 2 (m's units): the backward's exp2(s·qk_scale − lse2) then
+    # repeats the forward's arithmetic, without a round trip through the natural log
+    lse2 = m_i + tl.math.log2(l_i)
+    tl.store(LSE + row0 + offs_m, lse2, mask=offs_m < seqlen_q)
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
     tl.store(o_ptrs, mma_operand(acc, ELEM, UPCAST).to(ELEM), mask=q_ok)

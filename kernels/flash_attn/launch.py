@@ -164,20 +164,21 @@ def _launch_args(q: torch.Tensor) -> dict:
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
             config: KernelConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """O (q's dtype and layout) and LSE (float32, (B, Hq, Nq), natural log)."""
+    """O (q's dtype and layout) and LSE (float32, (B, Hq, Nq)) in base 2: log2 Σ_j 2^{s_j·scale·log2(e)}.
+    The backward launchers take it so; kernels.flash_attn's public functions convert."""
     batch, heads_q, seqlen_q, _ = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     o = torch.empty_like(q)  # keeps q's memory layout, so a (B, N, H, D) view stays cheap to reshape
-    lse = torch.empty((batch, heads_q, seqlen_q), device=q.device, dtype=torch.float32)
+    lse2 = torch.empty((batch, heads_q, seqlen_q), device=q.device, dtype=torch.float32)
     consts = _launch_args(q)
     cfg = config or kernel_config("fwd", consts["BLOCK_D"], q.dtype, causal)
     grid = (triton.cdiv(seqlen_q, cfg.BLOCK_M), heads_q, batch)
     fwd_kernel[grid](
-        q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        q, k, v, o, lse2, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E.value,
         CAUSAL=causal, **cfg.launch_kwargs(k, v), **consts,
     )
-    return o, lse
+    return o, lse2
 
 
 def backward_delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
@@ -192,7 +193,7 @@ def backward_delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
     return delta
 
 
-def _launch_key_blocks(do, q, k, v, lse, delta, causal: bool, scale: float, cfg: KernelConfig, consts: dict,
+def _launch_key_blocks(do, q, k, v, lse2, delta, causal: bool, scale: float, cfg: KernelConfig, consts: dict,
                        dq_acc: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """bwd_kv_kernel over (key blocks, kv heads, batch); dq_acc: the fused schedule's float32 dQ
     buffer (ATOMIC_DQ), or None for the deterministic pass, which has no dQ to write."""
@@ -201,7 +202,7 @@ def _launch_key_blocks(do, q, k, v, lse, delta, causal: bool, scale: float, cfg:
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dq_args = (None,) * 5 if dq_acc is None else (dq_acc, *dq_acc.stride())
     bwd_kv_kernel[(triton.cdiv(seqlen_k, cfg.BLOCK_N), heads_kv, batch)](
-        q, k, v, do, lse, delta, dk, dv, dq_args[0],
+        q, k, v, do, lse2, delta, dk, dv, dq_args[0],
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *dq_args[1:],
         heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E.value, scale,
         CAUSAL=causal, ATOMIC_DQ=dq_acc is not None, **cfg.launch_kwargs(q, do), **consts,
@@ -209,15 +210,15 @@ def _launch_key_blocks(do, q, k, v, lse, delta, causal: bool, scale: float, cfg:
     return dk, dv
 
 
-def backward_dkdv(do, q, k, v, lse, delta, causal: bool, scale: float,
+def backward_dkdv(do, q, k, v, lse2, delta, causal: bool, scale: float,
                   config: KernelConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The deterministic schedule's first pass: dK, dV."""
     consts = _launch_args(q)
     cfg = config or kernel_config("bwd_dkdv", consts["BLOCK_D"], q.dtype, causal)
-    return _launch_key_blocks(do, q, k, v, lse, delta, causal, scale, cfg, consts, dq_acc=None)
+    return _launch_key_blocks(do, q, k, v, lse2, delta, causal, scale, cfg, consts, dq_acc=None)
 
 
-def backward_dq(do, q, k, v, lse, delta, causal: bool, scale: float, config: KernelConfig | None = None) -> torch.Tensor:
+def backward_dq(do, q, k, v, lse2, delta, causal: bool, scale: float, config: KernelConfig | None = None) -> torch.Tensor:
     """The deterministic schedule's second pass: dQ."""
     batch, heads_q, seqlen_q, _ = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
@@ -225,7 +226,7 @@ def backward_dq(do, q, k, v, lse, delta, causal: bool, scale: float, config: Ker
     cfg = config or kernel_config("bwd_dq", consts["BLOCK_D"], q.dtype, causal)
     dq = torch.empty_like(q)
     bwd_dq_kernel[(triton.cdiv(seqlen_q, cfg.BLOCK_M), heads_q, batch)](
-        q, k, v, do, lse, delta, dq,
+        q, k, v, do, lse2, delta, dq,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
         heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E.value, scale,
         CAUSAL=causal, **cfg.launch_kwargs(k, v), **consts,
@@ -233,7 +234,7 @@ def backward_dq(do, q, k, v, lse, delta, causal: bool, scale: float, config: Ker
     return dq
 
 
-def backward_fused(do, q, k, v, lse, delta, causal: bool, scale: float,
+def backward_fused(do, q, k, v, lse2, delta, causal: bool, scale: float,
                    config: KernelConfig | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The single-pass schedule: dK, dV and atomically summed dQ."""
     consts = _launch_args(q)
@@ -241,16 +242,16 @@ def backward_fused(do, q, k, v, lse, delta, causal: bool, scale: float,
     # every key block adds its share of dQ here: float32 (exact adds of the tiles; bf16 atomics also
     # lack interpreter support), zeroed, in q's layout so the final cast keeps it
     dq_acc = torch.zeros_like(q, dtype=torch.float32)
-    dk, dv = _launch_key_blocks(do, q, k, v, lse, delta, causal, scale, cfg, consts, dq_acc=dq_acc)
+    dk, dv = _launch_key_blocks(do, q, k, v, lse2, delta, causal, scale, cfg, consts, dq_acc=dq_acc)
     return dq_acc.to(q.dtype), dk, dv  # the cast is a no-op for float32 inputs
 
 
-def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse2: torch.Tensor,
              causal: bool, scale: float, deterministic: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV) with the table's configs: two passes if deterministic, else the fused one."""
     delta = backward_delta(o, do)
     if not deterministic:
-        return backward_fused(do, q, k, v, lse, delta, causal, scale)
-    dk, dv = backward_dkdv(do, q, k, v, lse, delta, causal, scale)
-    dq = backward_dq(do, q, k, v, lse, delta, causal, scale)
+        return backward_fused(do, q, k, v, lse2, delta, causal, scale)
+    dk, dv = backward_dkdv(do, q, k, v, lse2, delta, causal, scale)
+    dq = backward_dq(do, q, k, v, lse2, delta, causal, scale)
     return dq, dk, dv

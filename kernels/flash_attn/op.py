@@ -1,5 +1,7 @@
 """The kernels as PyTorch ops: custom ops (opaque to torch.compile, so fullgraph works), fake
-impls (shapes only: meta tensors, tracing), autograd, and FLOP formulas for FlopCounterMode."""
+impls (shapes only: meta tensors, tracing), autograd, and FLOP formulas for FlopCounterMode.
+The forward op returns (o, lse2), the log-sum-exp in base 2 as the kernels keep it; the backward op
+takes it back unchanged."""
 from __future__ import annotations
 
 import torch
@@ -26,27 +28,27 @@ def _(q, k, v, causal, scale, deterministic=True):
 
 @torch.library.custom_op("flashgpt::flash_attn_bwd", mutates_args=())
 def flash_attn_bwd(
-    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse2: torch.Tensor,
     causal: bool, scale: float, deterministic: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return launch.backward(do, q, k, v, o, lse, causal, scale, deterministic)
+    return launch.backward(do, q, k, v, o, lse2, causal, scale, deterministic)
 
 
 @flash_attn_bwd.register_fake
-def _(do, q, k, v, o, lse, causal, scale, deterministic=True):
+def _(do, q, k, v, o, lse2, causal, scale, deterministic=True):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output) -> None:
     q, k, v, causal, scale, deterministic = inputs
-    o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse)
+    o, lse2 = output
+    ctx.save_for_backward(q, k, v, o, lse2)
     ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
 
 
 def _backward(ctx, do, _dlse):
-    q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = flash_attn_bwd(do, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic)
+    q, k, v, o, lse2 = ctx.saved_tensors
+    dq, dk, dv = flash_attn_bwd(do, q, k, v, o, lse2, ctx.causal, ctx.scale, ctx.deterministic)
     return dq, dk, dv, None, None, None
 
 
