@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -136,7 +137,7 @@ def _write_tokens(
     def encode(batch: dict[str, list[str]]) -> dict[str, list[np.ndarray]]:
         return {"ids": [np.array(e.ids + [eot], dtype=dtype) for e in tok.encode_batch(batch["text"])]}
 
-    with _tokenizers_single_threaded(num_proc > 1):
+    with _tokenizers_single_threaded(num_proc > 1), _progress_bars_on_terminals():
         encoded = docs.map(
             encode, batched=True, batch_size=256, num_proc=num_proc if num_proc > 1 else None,
             remove_columns=docs.column_names, new_fingerprint=fingerprint,  # skips hashing the closure
@@ -149,6 +150,20 @@ def _write_tokens(
             ids.tofile(f)
             count += len(ids)
     return count
+
+
+@contextlib.contextmanager
+def _progress_bars_on_terminals() -> Iterator[None]:
+    """datasets draws its bars whatever stderr is; in a log file (nohup, a scheduler) they are
+    carriage-return noise, and the log line after tokenising says the same. Bars on terminals only."""
+    hide = not sys.stderr.isatty() and not datasets.are_progress_bars_disabled()
+    if hide:
+        datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if hide:
+            datasets.enable_progress_bars()
 
 
 @contextlib.contextmanager

@@ -1,13 +1,56 @@
-"""What a run prints: the step line, the summary's numbers, sizes, and the out-of-memory advice."""
+"""What a run prints: the start banner, the step line, the summary's numbers, sizes, and the
+out-of-memory advice."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from omegaconf import DictConfig
 
 from model.attention import naive_attention_bytes
+from training.estimate import duration
+
+if TYPE_CHECKING:
+    from training.setup import Run
+
+
+def kernel_path(cfg: DictConfig, device: torch.device) -> str:
+    """Which code computes attention on this device, in words."""
+    a = cfg.attention
+    if a.name == "flash":
+        where = f"compiled for {torch.cuda.get_device_name(device)}" if device.type == "cuda" else \
+            "run by Triton's CPU interpreter (no CUDA device; slow)"
+        backward = "two-pass backward" if a.get("deterministic", True) else "single-pass backward (atomic dQ, not bitwise repeatable)"
+        return f"our Triton FlashAttention kernel, {where}, {backward}"
+    if a.name == "sdpa":
+        backend = a.get("backend", "auto")
+        return "PyTorch scaled_dot_product_attention, " + ("PyTorch picks the kernel" if backend == "auto" else f"pinned to {backend}")
+    return "softmax(QKᵀ)·V in PyTorch ops (the N×N scores exist)"
+
+
+def start_banner(run: Run) -> list[str]:
+    """The few lines a run starts with: model, attention and its kernel, device, batch, run folder.
+    The full resolved config and every derived number go to the run folder, not the console."""
+    cfg, d, m = run.cfg, run.derived, run.cfg.model
+    position = d["params_total"] - d["params"]
+    lines = [
+        f"model {m.name}: {m.n_layer} layer{'s' * (m.n_layer != 1)} × {m.n_head} heads × {m.n_embd} wide, {d['params']:,} parameters "
+        f"(+{position:,} position table), vocab {d['vocab_size']:,}",
+        f"attention {d['attention']}: {kernel_path(cfg, run.device)}",
+    ]
+    batch = f"{cfg.batch_size} × {cfg.seq_len} = {d['tokens_per_step']:,} tokens per step"
+    if cfg.grad_accum > 1 or d["ranks"] > 1:
+        batch += f" ({d['micro_batch']} sequences per micro-step" + (f" on each of {d['ranks']} ranks, {d['parallel']})" if d["ranks"] > 1 else ")")
+    device = f"device {d['device_name'] if run.device.type == 'cuda' else 'cpu'}, {d['dtype']}, compile {'on' if d['compile'] else 'off'}"
+    if run.estimate is not None and run.estimate.total_s >= 1:  # below a second the estimate is overhead-bound noise
+        device += f", ~{duration(run.estimate.total_s)} per step (estimated at start)"
+    if run.peak_flops:
+        device += f", MFU against {run.peak_flops / 1e12:,.0f} TFLOP/s ({d['peak_flops_source']})"
+    lines += [f"{device} | {batch}"]
+    resumed = f", resuming after step {run.start_step}" if run.start_step else ""
+    lines.append(f"run folder {run.out_dir}{resumed} (resolved config and derived numbers: resolved_config.yaml)")
+    return lines
 
 
 def short(value: Any) -> str:

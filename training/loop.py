@@ -24,20 +24,24 @@ from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from data.files import atomic_write
 from model.flops import count_step_flops, mfu
 from training import distributed
 from training.batches import get_batch, micro_batches
 from training.checkpoint import CHECKPOINT_NAME, save_checkpoint
 from training.config import resolve_dtype
-from training.console import oom_message, short, step_line
+from training.console import oom_message, short, start_banner, step_line
 from training.distributed import DistInfo
 from training.metrics import MetricsLogger, NoMetrics, run_name
 from training.optim import lr_at
 from training.profiling import step_profiler
+from training.progress import ANNOUNCE_ABOVE_S, StepProgress
 from training.setup import Run, setup
-from training.signals import stop_on_signals
+from training.signals import StopNow, stop_on_signals
 
 log = logging.getLogger(__name__)
+
+RESOLVED_CONFIG = "resolved_config.yaml"  # in the run folder: the config with batch_size, out_dir, ... resolved, and `derived`
 
 
 class NonFiniteStep(ArithmeticError):
@@ -58,8 +62,10 @@ def train_step(
     lr: float,
     grad_clip: float,
     autocast: Callable[[], contextlib.AbstractContextManager],
+    phase: Callable[[str], None] = lambda text: None,
 ) -> float:
-    """One optimizer step over `grad_accum` micro-batches; returns their mean loss."""
+    """One optimizer step over `grad_accum` micro-batches; returns their mean loss. `phase` is told
+    what the step starts doing next (training/progress.py reports it while a step runs long)."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     total = torch.zeros((), device=next(model.parameters()).device)
@@ -67,11 +73,14 @@ def train_step(
         x, y = next(micro_batches)
         # DDP averages gradients over ranks once, in the last micro-step's backward.
         with distributed.grad_sync(model, sync=i == grad_accum - 1):
+            phase(f"micro-batch {i + 1}/{grad_accum} forward")
             with autocast():
                 _, loss = model(x, y)
+            phase(f"micro-batch {i + 1}/{grad_accum} backward")
             # Divide so the accumulated gradient is the mean over the whole batch.
             (loss / grad_accum).backward()
         total += loss.detach()
+    phase("optimizer step")
     norm = _grad_norm(model, grad_clip)
     # Decide before optimizer.step(), which would spread a NaN into every weight and moment; this
     # costs one GPU sync. The norm is of the gradients every rank shares (DDP averages them, FSDP
@@ -117,11 +126,17 @@ def evaluate(
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
-    """Train as configured; return the summary (status "ok", "oom", "nonfinite" or "interrupted").
+    """Train as configured; return the summary (status "ok", "stopped" (stop_at), "interrupted" (signals), "oom"
+    or "nonfinite").
     Config errors raise ConfigError."""
     run = setup(cfg)
-    log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
-    log.info("derived: %s", ", ".join(f"{k}={v}" for k, v in run.derived.items()))
+    for line in start_banner(run):
+        log.info("%s", line)
+    if run.dist.is_main:  # the whole config as this run resolved it, and the numbers derived from it
+        derived = {k: str(v) if isinstance(v, str) else v for k, v in run.derived.items()}  # torch.__version__ is a str subclass
+        resolved = {"config": OmegaConf.to_container(cfg, resolve=True), "derived": derived}
+        run.out_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(run.out_dir / RESOLVED_CONFIG, OmegaConf.to_yaml(OmegaConf.create(resolved)))
     metrics = MetricsLogger(cfg, run.out_dir, run.derived) if run.dist.is_main else NoMetrics()
     _log_step_flops(run, metrics)
     summary: dict[str, Any] = {"status": "ok"}
@@ -163,6 +178,7 @@ class _Tally:
     recent: list[float] = field(default_factory=list)  # train losses since the last console line
     skipped: int = 0  # steps whose NaN/Inf batch was skipped (skip_nonfinite_steps)
     loss: float | None = None  # the last step's train loss
+    val: tuple[int, float] | None = None  # (step, val loss) of the last evaluation
 
 
 def _loop(run: Run, metrics: MetricsLogger | NoMetrics) -> dict[str, Any]:
@@ -175,31 +191,46 @@ def _loop(run: Run, metrics: MetricsLogger | NoMetrics) -> dict[str, Any]:
     bar = tqdm(range(run.start_step, end), initial=run.start_step, total=end, desc=run_name(cfg),
                disable=None if run.dist.is_main else True)
     profiled: dict[str, Any] = {}  # profile=true: filled with the attention share after the profiled steps
+    estimate = run.estimate.total_s if run.estimate else None
+    compiling = run.derived["compile"]
     with logging_redirect_tqdm(), step_profiler(cfg, run.out_dir, profiled, run.dist.is_main) as prof, \
-            stop_on_signals() as signals:
-        for step in bar:
-            row = _step(run, step, tally)
-            if (cfg.eval_every and tally.done % cfg.eval_every == 0) or tally.done == end:
-                eval_batch = cfg.batch_size // cfg.grad_accum  # what one process would evaluate at a time; ranks split it
-                row["val/loss"] = evaluate(run.model, run.ds, cfg.eval_steps, eval_batch, run.device, run.autocast, run.dist)
-                summary["final/val_loss"] = row["val/loss"]
-            metrics.log(tally.done, row)
-            bar.set_postfix_str(step_line(row), refresh=False)
-            _console_line(run, tally, row, end)
-            # Any rank's signal stops all (torchrun sends SIGTERM to every rank).
-            stop = distributed.maximum(float(bool(signals)), run.device) > 0 and tally.done < end
-            if cfg.ckpt_every and (tally.done % cfg.ckpt_every == 0 or tally.done == end or stop):
-                config = OmegaConf.to_container(cfg, resolve=True)
-                save_checkpoint(run.out_dir / CHECKPOINT_NAME, run.raw_model, run.optimizer, tally.done, config)
-            if prof is not None:
-                prof.step()
-            if stop:
-                summary.update(_interrupted(run, signals, tally.done))
-                break
+            stop_on_signals() as signals, StepProgress(estimate, enabled=run.dist.is_main) as progress:
+        try:
+            for step in bar:
+                # This process's first step is the one that compiles: say what it does while it does it.
+                first = step == run.start_step and (compiling or (estimate or 0) > ANNOUNCE_ABOVE_S)
+                progress.begin(step + 1, announce=first, note="torch.compile compiles the model in it" if compiling else "")
+                row = _step(run, step, tally, progress.phase)
+                progress.end()
+                # stop_at adds no evaluation: stopping and resuming logs what one straight run logs.
+                if (cfg.eval_every and tally.done % cfg.eval_every == 0) or tally.done == cfg.steps:
+                    eval_batch = cfg.batch_size // cfg.grad_accum  # what one process would evaluate at a time; ranks split it
+                    row["val/loss"] = evaluate(run.model, run.ds, cfg.eval_steps, eval_batch, run.device, run.autocast, run.dist)
+                    tally.val = (tally.done, row["val/loss"])
+                metrics.log(tally.done, row)
+                bar.set_postfix_str(step_line(row), refresh=False)
+                _console_line(run, tally, row, end)
+                # Any rank's signal stops all (torchrun sends SIGTERM to every rank).
+                stop = distributed.maximum(float(bool(signals)), run.device) > 0 and tally.done < end
+                if cfg.ckpt_every and (tally.done % cfg.ckpt_every == 0 or tally.done == end or stop):
+                    config = OmegaConf.to_container(cfg, resolve=True)
+                    save_checkpoint(run.out_dir / CHECKPOINT_NAME, run.raw_model, run.optimizer, tally.done, config)
+                if prof is not None:
+                    prof.step()
+                if stop:
+                    summary.update(_stopped(run, tally.done, signals[0] if signals else "SIGTERM"))
+                    break
+            else:
+                if end < cfg.steps:
+                    summary.update(_stopped(run, tally.done))
+        except StopNow as again:  # a second signal: leave the step as it is; the checkpoint on disk is whole
+            summary.update(_stopped(run, tally.done, again.signal_name, now=True))
+    if tally.val is not None and tally.val[0] == tally.done:  # a val loss from an earlier step is not final
+        summary["final/val_loss"] = tally.val[1]
     return {**summary, **_final_numbers(run, tally, profiled)}
 
 
-def _step(run: Run, step: int, tally: _Tally) -> dict[str, float]:
+def _step(run: Run, step: int, tally: _Tally, phase: Callable[[str], None] = lambda text: None) -> dict[str, float]:
     """Optimizer step number `step` (0-based), timed and averaged over ranks; returns its metrics row."""
     cfg, device = run.cfg, run.device
     t0 = time.perf_counter()
@@ -207,7 +238,7 @@ def _step(run: Run, step: int, tally: _Tally) -> dict[str, float]:
     batches = micro_batches(run.ds, cfg.batch_size, cfg.grad_accum, step, device, run.dist)
     lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps)
     try:
-        loss = train_step(run.model, run.optimizer, batches, cfg.grad_accum, lr, cfg.grad_clip, run.autocast)
+        loss = train_step(run.model, run.optimizer, batches, cfg.grad_accum, lr, cfg.grad_clip, run.autocast, phase)
     except NonFiniteStep as bad:
         bad.step = step + 1
         if not cfg.skip_nonfinite_steps:
@@ -246,18 +277,29 @@ def _console_line(run: Run, tally: _Tally, row: dict[str, float], end: int) -> N
         tally.recent.clear()
 
 
-def _interrupted(run: Run, signals: list[str], done: int) -> dict[str, Any]:
-    # A rank may stop on another rank's signal before its own arrives.
-    name = signals[0] if signals else "SIGTERM"
-    saved = f"checkpoint saved in {run.out_dir}" if run.cfg.ckpt_every else "no checkpoint (ckpt_every=0)"
-    log.warning("%s: stopped after step %d; %s. Continue with resume=%s", name, done, saved, run.out_dir)
-    return {"status": "interrupted", "signal": name}
+def _stopped(run: Run, done: int, signal_name: str | None = None, now: bool = False) -> dict[str, Any]:
+    """Log why the run ends before `steps` and how to continue it; the summary's status and signal."""
+    why = f"{signal_name}: stopped" if signal_name else f"stop_at={run.cfg.stop_at}: stopped"
+    where = f"during step {done + 1}" if now else f"after step {done}"
+    checkpoint = run.out_dir / CHECKPOINT_NAME
+    if not run.cfg.ckpt_every:
+        saved = "no checkpoint (ckpt_every=0)"
+    elif not checkpoint.exists():
+        saved = "no checkpoint yet"
+    else:
+        saved = f"the last checkpoint ({checkpoint}) is kept as it was" if now else f"checkpoint saved in {run.out_dir}"
+    more = "" if signal_name else " stop_at=null (or a later step)"
+    resume = f". Continue with resume={run.out_dir}{more}" if checkpoint.exists() else ""
+    log.warning("%s %s; %s%s", why, where, saved, resume)
+    return {"status": "interrupted", "signal": signal_name} if signal_name else {"status": "stopped"}
 
 
 def _final_numbers(run: Run, tally: _Tally, profiled: dict[str, Any]) -> dict[str, Any]:
     """The summary's losses, steady-state speed, MFU, memory and attention share."""
     cfg, device = run.cfg, run.device
-    summary: dict[str, Any] = {"final/train_loss": tally.loss, "steps_done": tally.done}
+    summary: dict[str, Any] = {"steps_done": tally.done}
+    if tally.loss is not None:  # None: stopped before a step of this process ended
+        summary["final/train_loss"] = tally.loss
     if tally.skipped:
         summary["skipped_steps"] = tally.skipped
     if tally.times:

@@ -26,6 +26,7 @@ from training import distributed
 from training.checkpoint import resume
 from training.config import ConfigError, resolve_compile, resolve_device, resolve_dtype, validate_config
 from training.distributed import DistInfo
+from training.estimate import StepEstimate, estimate_step, slow_step_warning
 from training.metrics import attention_label
 from training.optim import build_optimizer
 
@@ -51,6 +52,7 @@ class Run:
     peak_flops: float | None
     derived: dict[str, Any] = field(default_factory=dict)
     dist: DistInfo = field(default_factory=DistInfo)  # this process's rank under torchrun
+    estimate: StepEstimate | None = None  # the start-up estimate of a step on a CPU (rank 0); None on a GPU
 
 
 def build_model(cfg: DictConfig, tokenizer_vocab: int, device: torch.device) -> GPT:
@@ -98,6 +100,11 @@ def setup(cfg: DictConfig) -> Run:
     # Rank 0's run folder: the other ranks write nothing there, but read checkpoints from it.
     out_dir = Path(distributed.broadcast(str(cfg.out_dir)))
     dtype = resolve_dtype(cfg, device)
+    estimate = None
+    if device.type == "cpu" and dist.is_main:  # before the data work, so a slow shape is flagged within seconds
+        estimate = estimate_step(cfg, dtype, dist.world_size)
+        if warning := slow_step_warning(cfg, estimate):
+            log.warning("%s", warning)
     cache_dir = Path(cfg.cache_dir)
     if not cache_dir.is_absolute():
         cache_dir = REPO_ROOT / cache_dir  # one cache wherever train.py is launched from
@@ -127,4 +134,4 @@ def setup(cfg: DictConfig) -> Run:
         "dtype": str(dtype).removeprefix("torch."), "compile": resolve_compile(cfg, device),
         "torch": torch.__version__, "start_step": start_step,
     }
-    return Run(cfg, out_dir, device, ds, model, wrapped, optimizer, autocast, start_step, fpt, peak, derived, dist)
+    return Run(cfg, out_dir, device, ds, model, wrapped, optimizer, autocast, start_step, fpt, peak, derived, dist, estimate)

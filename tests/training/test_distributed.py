@@ -166,7 +166,7 @@ def test_two_ddp_ranks_equal_one_process_which_resumes_their_checkpoint(tmp_path
     assert written == sorted([".hydra", CHECKPOINT_NAME, METRICS_FILE, SUMMARY_FILE, "train.log"])
     assert [s for s, _, _ in steps(two)] == [1, 2]
     log = (two / "train.log").read_text()
-    assert log.count("step 2/4") == 1 and "ranks=2, parallel=ddp, micro_batch=2" in log
+    assert log.count("step 2/4") == 1 and "(2 sequences per micro-step on each of 2 ranks, ddp)" in log
     assert json.loads((two / SUMMARY_FILE).read_text())["ranks"] == 2  # tokens/s counts both ranks' tokens
     assert list((tmp_path / "scratch").glob("flash-gpt-rank*")) == []  # (torch keeps caches there too)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["scratch", "torchelastic", two.name])
@@ -179,7 +179,7 @@ def test_two_ddp_ranks_equal_one_process_which_resumes_their_checkpoint(tmp_path
 def test_two_fsdp_ranks_resume_a_single_process_checkpoint_and_save_a_full_one(tmp_path, straight):
     one = single(tmp_path, "ckpt_every=2", "stop_at=2")
     launch(tmp_path, 2, "parallel=fsdp", "ckpt_every=2", "resume=true", run_dir=one)
-    assert "ranks=2, parallel=fsdp, micro_batch=2" in (one / "train.log").read_text()
+    assert "(2 sequences per micro-step on each of 2 ranks, fsdp)" in (one / "train.log").read_text()
     assert_same_run(one, straight)  # FSDP's sharded state, gathered, in the single-process layout
 
 

@@ -167,3 +167,19 @@ def test_train_step_leaves_weights_and_optimizer_untouched_on_nan(poison):
         train_step(model, opt, iter([(x, y)]), 1, lr=1e-2, grad_clip=0.0, autocast=lambda: torch.autocast("cpu", enabled=False))
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     assert opt.state_dict()["state"] == {} and all(p.grad is None for p in model.parameters())
+
+
+def test_stop_at_is_stopped_with_the_resume_hint_and_no_stale_val_loss(tiny_cfg, pattern_data, caplog):
+    """stop_at=3 with evaluations every 2 steps: status stopped, no val loss from step 2 called final,
+    and stopping adds no evaluation, so stop + resume logs what one straight run logs."""
+    cfg = tiny_cfg("attention=sdpa", "stop_at=3", "eval_every=2", "ckpt_every=5")
+    with caplog.at_level(logging.INFO):
+        summary = train(cfg)
+    out = Path(cfg.out_dir)
+    assert summary["status"] == "stopped" and summary["steps_done"] == 3 and "final/val_loss" not in summary
+    assert (f"stop_at=3: stopped after step 3; checkpoint saved in {out}. "
+            f"Continue with resume={out} stop_at=null (or a later step)") in caplog.text
+    assert "config:" not in caplog.text and (out / "resolved_config.yaml").exists()  # the full config: in the folder
+    assert train(tiny_cfg("attention=sdpa", "eval_every=2", "ckpt_every=5", "resume=true"))["status"] == "ok"
+    rows = read_jsonl(out / METRICS_FILE)
+    assert [r["step"] for r in rows if "val/loss" in r] == [2, 4, 6]
