@@ -102,3 +102,21 @@ def test_synthetic(tmp_path: Path):
 
 def test_token_dtype():
     assert token_dtype(50257) == np.uint16 and token_dtype(2**16) == np.uint16 and token_dtype(2**16 + 1) == np.uint32
+
+
+def test_datasets_progress_bars_only_on_a_terminal(monkeypatch):
+    """Tokenising bars are carriage-return noise in a log file (nohup, a scheduler's output)."""
+    import sys
+
+    import datasets
+
+    from data.dataset import _progress_bars_on_terminals
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    assert not datasets.are_progress_bars_disabled()
+    with _progress_bars_on_terminals():
+        assert datasets.are_progress_bars_disabled()
+    assert not datasets.are_progress_bars_disabled()  # the caller's setting comes back
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    with _progress_bars_on_terminals():
+        assert not datasets.are_progress_bars_disabled()

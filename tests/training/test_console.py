@@ -26,3 +26,25 @@ def test_oom_message_estimates_the_naive_matrices_and_advises(monkeypatch):
     assert message.endswith("Try attention=flash (no N×N matrices), a smaller batch_size, or a larger grad_accum.")
     flash = oom_message(compose_config("attention=flash", "seq_len=8192"), 1, torch.bfloat16, torch.device("cuda"))
     assert "N×N" not in flash and "attention=flash" in flash and flash.endswith("Try a smaller batch_size or a larger grad_accum (the same tokens per step, fewer at once).")
+
+
+def test_start_banner_says_model_attention_kernel_device_batch_and_folder():
+    from pathlib import Path
+
+    from training.console import start_banner
+    from training.estimate import StepEstimate
+
+    cfg = compose_config("model=tiny", "seq_len=64", "batch_size=8", "grad_accum=2")
+    derived = {"params": 231168, "params_total": 235264, "vocab_size": 2048, "tokens_per_step": 512, "ranks": 1,
+               "parallel": "none", "micro_batch": 4, "attention": "flash", "device_name": "cpu", "dtype": "float32",
+               "compile": False, "peak_flops_source": "none"}
+    run = SimpleNamespace(cfg=cfg, derived=derived, device=torch.device("cpu"), estimate=StepEstimate(1.0, 30.0),
+                          peak_flops=None, out_dir=Path("outputs/x"), start_step=0)
+    assert start_banner(run) == [
+        "model tiny: 2 layers × 2 heads × 64 wide, 231,168 parameters (+4,096 position table), vocab 2,048",
+        "attention flash: our Triton FlashAttention kernel, run by Triton's CPU interpreter (no CUDA device; slow), "
+        "two-pass backward",
+        "device cpu, float32, compile off, ~31 s per step (estimated at start) | 8 × 64 = 512 tokens per step "
+        "(4 sequences per micro-step)",
+        "run folder outputs/x (resolved config and derived numbers: resolved_config.yaml)",
+    ]

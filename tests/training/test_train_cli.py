@@ -4,6 +4,7 @@ import json
 import logging
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -45,7 +46,7 @@ def test_cli_sweep_runs_every_job(tmp_path):
 def test_cli_config_error_is_one_line(tmp_path, override, message):
     """Through train.py: exit code 2, the field named, no traceback, before any data or model work."""
     result = subprocess.run(
-        [sys.executable, "train.py", override, f"hydra.run.dir={tmp_path}", f"cache_dir={tmp_path / 'cache'}"],
+        [sys.executable, "train.py", override, f"hydra.run.dir={tmp_path / 'run'}", f"cache_dir={tmp_path / 'cache'}"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )
     output = result.stdout + result.stderr
@@ -53,6 +54,7 @@ def test_cli_config_error_is_one_line(tmp_path, override, message):
     assert message in output and len([line for line in output.splitlines() if "error" in line]) == 1
     assert "Traceback" not in output
     assert not (tmp_path / "cache").exists()  # failed before touching the data
+    assert not (tmp_path / "run").exists()  # and left no run folder behind
 
 
 @pytest.mark.parametrize(
@@ -75,6 +77,74 @@ def test_a_config_hydra_cannot_compose_is_one_line_naming_the_field(override, me
     with pytest.raises(ConfigCompositionException) as err:
         compose_config(override)
     assert entry.composition_error(err.value) == message
+
+
+def numeric_fields() -> list[str]:
+    """Every int or float key of the top-level schema and the model's, e.g. lr, peak_tflops, model.dropout."""
+    import typing
+    from dataclasses import fields
+
+    from training.schema import Model, TrainConfig
+
+    def numeric(cls: type) -> list[str]:
+        hints = typing.get_type_hints(cls)
+        return [f.name for f in fields(cls) if {int, float} & set(typing.get_args(hints[f.name]) or [hints[f.name]])]
+
+    return numeric(TrainConfig) + [f"model.{name}" for name in numeric(Model)]
+
+
+def test_every_numeric_field_is_typed_by_the_schema():
+    """What Hydra checks while composing: a word in any int/float field is refused, naming the field."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ValidationError
+
+    from training.schema import Model, TrainConfig
+
+    keys = numeric_fields()
+    assert {"lr", "min_lr", "weight_decay", "grad_clip", "beta1", "beta2", "peak_tflops", "steps", "stop_at",
+            "dist_timeout_s", "model.dropout", "model.vocab_size"} <= set(keys)
+    schema = OmegaConf.structured(TrainConfig(model=Model()))
+    for key in keys:
+        with pytest.raises(ValidationError, match="Value 'abc' of type 'str' could not be converted") as err:
+            OmegaConf.update(schema, key, "abc")
+        assert err.value.full_key == key
+
+
+@pytest.mark.parametrize("key", ["peak_tflops", "beta1", "min_lr"])
+def test_a_word_in_a_numeric_field_is_one_line_naming_it(key):
+    """Through train.py's composition (Hydra, then composition_error): one line, exit code 2 in __main__."""
+    import train as entry  # train.py
+
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_config(f"{key}=abc")
+    line = entry.composition_error(err.value)
+    assert line.startswith(f"Error merging override {key}=abc ({key}: Value 'abc' of type 'str' could not be converted"), line
+    assert "\n" not in line
+
+
+def test_a_refused_config_leaves_no_run_folder_but_a_resumed_one_is_kept(tmp_path):
+    import train as entry  # train.py
+
+    refused, resumed = tmp_path / "refused", tmp_path / "resumed"
+    for folder in (refused, resumed):
+        (folder / ".hydra").mkdir(parents=True)
+        (folder / "train.log").write_text("[00:00:00] config error: ...\n")
+    (resumed / "checkpoint.pt").write_bytes(b"weights")
+    entry.remove_unused_run_folder(refused)
+    entry.remove_unused_run_folder(resumed)
+    assert not refused.exists() and (resumed / "checkpoint.pt").exists()
+
+
+def test_help_lists_groups_and_keys_with_their_comments_quickly():
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "train.py", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert time.perf_counter() - start < 10  # no torch import: well under a second on an idle machine
+    out = result.stdout
+    assert "  attention   flash | naive | sdpa  (default flash): how q,k,v become the attention output" in out
+    assert "  experiment  long-context-8k | paper-gpt2-medium | quickstart  (default none)" in out
+    assert "  lr: 6.0e-4                 # peak learning rate, reached after warmup" in out
+    assert "experiment=quickstart" in out and "no CUDA device" not in out
 
 
 @pytest.mark.parametrize(
