@@ -96,6 +96,9 @@ def validate_config(cfg: DictConfig, world_size: int = 1) -> None:
     if a.name == "sdpa":
         backends = ("auto", *SDPA_BACKENDS)
         _require(a.backend in backends, f"attention.backend must be one of {', '.join(backends)} (got {a.backend!r})")
+    if a.name == "flash":
+        _require(a.deterministic == "auto" or isinstance(a.deterministic, bool),
+                 f"attention.deterministic must be auto, true or false (got {a.deterministic!r})")
 
 
 def resolve_device(cfg: DictConfig) -> torch.device:
