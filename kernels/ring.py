@@ -99,7 +99,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | None,
 
 def _backward(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool, scale: float | None,
-    deterministic: bool, ring: _Ring,
+    deterministic: bool | None, ring: _Ring,
 ) -> tuple[Tensor, Tensor, Tensor]:
     n = q.shape[2]
     dq = torch.zeros_like(q, dtype=torch.float32)
@@ -146,11 +146,13 @@ class RingFlashAttention(torch.autograd.Function):
 @torch.compiler.disable  # P2P calls are not traced: under torch.compile the attention runs eagerly
 def ring_flash_attention(
     q: Tensor, k: Tensor, v: Tensor, causal: bool, group: dist.ProcessGroup,
-    softmax_scale: float | None = None, deterministic: bool = True,
+    softmax_scale: float | None = None, deterministic: bool | None = None,
 ) -> Tensor:
     """flash_attention over a sequence split across `group`: this rank's q, k, v (B, H, N_local, D)
     hold its tokens (in zigzag order when causal: zigzag_indices); returns this rank's output rows.
-    Differentiable; q, k, v, out and their gradients match flash_attention on the whole sequence."""
+    Differentiable; out and the gradients of q, k, v match flash_attention on the whole sequence.
+    `deterministic` picks each step's backward as flash_attention's does; the ring adds the steps'
+    results in a fixed order, so it is bitwise repeatable when they are."""
     if q.shape[2] != k.shape[2]:
         raise ValueError(f"ring attention is self-attention: q has {q.shape[2]} local tokens, k and v {k.shape[2]}")
     if causal and q.shape[2] % 2:

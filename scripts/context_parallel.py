@@ -8,7 +8,7 @@ the share of the ring's communication hidden behind compute (profiler trace of s
     python scripts/context_parallel.py --dry-run                        # the commands only
     python scripts/context_parallel.py --report-only --runs-dir <runs>  # rows from runs already made
 
-Each run is train.py with experiment=long-context-8k (GPT-2 medium, bf16, compiled), one sequence
+Each run is train.py with --experiment (default long-context-8k: GPT-2 medium; bf16, compiled), one sequence
 per step (batch_size=1), synthetic tokens (speed only), profile=true; cp=2 goes through torchrun
 with context_parallel=2. For each attention and cp the ladder climbs until a run fails (OOM): the
 last that trained is the frontier. Everything after --train goes to every train.py unchanged.
@@ -50,7 +50,8 @@ CONVENTION = (
     "time per step other than AllReduce/ReduceScatter (DDP), ring_exposed_ms: the part with no compute kernel beside "
     "it, comm_hidden_share = 1 - exposed/comm (an NCCL kernel's time includes waiting for its peer); frontier: the "
     "longest seq_len with status ok, the ladder stopping at the first failure. batch_size=1, bf16, compiled, "
-    "experiment=long-context-8k (GPT-2 medium), data=synthetic, profile=true (steps 3-5 traced)."
+    "each run's recipe in its .hydra/overrides.yaml (default experiment=long-context-8k: GPT-2 medium), "
+    "data=synthetic, profile=true (steps 3-5 traced)."
 )
 SEQ_LENS = [16384, 32768, 65536, 131072, 262144, 524288]
 TABLE = Table([
@@ -63,7 +64,7 @@ TABLE = Table([
 
 def command(attention: str, cp: int, seq_len: int, args: argparse.Namespace, run_dir: Path) -> list[str]:
     overrides = [
-        "experiment=long-context-8k", f"attention={attention}", f"seq_len={seq_len}", "batch_size=1", "grad_accum=1",
+        f"experiment={args.experiment}", f"attention={attention}", f"seq_len={seq_len}", "batch_size=1", "grad_accum=1",
         f"context_parallel={cp}", "data=synthetic", f"data.num_tokens={max(4 * seq_len, 2**22)}", f"steps={args.steps}",
         "warmup_steps=2", "eval_every=0", "eval_steps=1", "ckpt_every=0", "logger=none", "profile=true",
         f"hydra.run.dir={run_dir}", *args.overrides,
@@ -153,6 +154,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cp", nargs="+", type=int, default=[1, 2], help="context-parallel degrees (= GPUs per run)")
     p.add_argument("--seq-lens", nargs="+", type=int, default=SEQ_LENS, help="the ladder, climbed until a run fails")
     p.add_argument("--steps", type=int, default=12, help="steps per run; tokens/s is the median after the first")
+    p.add_argument("--experiment", default="long-context-8k", help="train.py's recipe (configs/experiment/)")
     p.add_argument("--runs-dir", type=Path, help=f"default {output_dir(SCRIPT) / 'runs'}")
     p.add_argument("--out", type=Path, help=f"default {default_out(SCRIPT, 'context_parallel.json')}")
     p.add_argument("--dry-run", action="store_true", help="print the commands only")

@@ -27,8 +27,8 @@ from omegaconf import DictConfig
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from model.attention import AttendFn
 from kernels.ring import ring_flash_attention, zigzag_indices
+from model.attention import AttendFn
 
 Shard = Callable[[Tensor, Tensor], ContextManager[tuple[Tensor, Tensor, Tensor | None]]]
 CP_ATTENTION = ("flash", "sdpa")  # naive needs every key on one rank: its N×N scores are the point
@@ -79,7 +79,8 @@ def setup_context_parallel(cfg: DictConfig, world_size: int, device: torch.devic
     mesh = init_device_mesh(device.type, (world_size // cp, cp), mesh_dim_names=("dp", "cp"))["cp"]
     local = model.blocks[0].attn.attend
     if cfg.attention.name == "flash":
-        attend = partial(ring_flash_attention, group=mesh.get_group(), deterministic=cfg.attention.deterministic)
+        deterministic = None if cfg.attention.deterministic == "auto" else cfg.attention.deterministic  # as model/attention.py
+        attend = partial(ring_flash_attention, group=mesh.get_group(), deterministic=deterministic)
     else:
         attend = partial(_eager, local)
     model.set_attention(attend)

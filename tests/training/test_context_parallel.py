@@ -4,13 +4,15 @@ resume across CP degrees both ways, and the config rules refuse what cannot run.
 
 import pytest
 import torch
-from conftest import SHRINK, compose_config
+from conftest import SHRINK, PatternDataset, compose_config
 from test_distributed import RUN, launch, single, steps
 
 from model import GPT, GPTConfig
 from training import train
+from training.batches import micro_batches
 from training.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from training.config import ConfigError, validate_config
+from training.distributed import DistInfo
 
 # One sequence of 16 tokens per step, one head: each of 2 CP ranks holds 8 tokens (zigzag chunks of 4).
 # Our kernel runs in the interpreter (~ms per program and ring step): flash's single-pass backward,
@@ -94,3 +96,17 @@ def test_positions_are_each_tokens_place_in_the_whole_sequence():
     assert not torch.allclose(model(idx[:, picked])[0], whole[:, picked])  # read as positions 0..3
     for positions in (picked, picked.expand(2, 4)):
         assert torch.equal(model(idx[:, picked], positions=positions)[0], whole[:, picked])
+
+
+def test_a_context_parallel_group_reads_the_same_rows_and_data_parallel_groups_split_them():
+    """world 4 = dp 2 × cp 2: ranks 0, 1 (group 0) read the first half of each step's batch, ranks 2, 3 the
+    second; with grad_accum 2 each in two micro-batches. Together: the step's whole batch, once."""
+    ds = PatternDataset(seq_len=8)
+    whole, _ = ds.sample_batch("train", 8, step=3)
+    seen = {}
+    for rank in range(4):
+        info = DistInfo(rank=rank, world_size=4, launched=True, cp=2)
+        assert (info.dp_rank, info.dp_size) == (rank // 2, 2)
+        seen[rank] = torch.cat([x for x, _ in micro_batches(ds, 8, 2, 3, torch.device("cpu"), info)])
+    assert torch.equal(seen[0], seen[1]) and torch.equal(seen[2], seen[3])
+    assert torch.equal(torch.cat([seen[0], seen[2]]), whole)
