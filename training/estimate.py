@@ -62,7 +62,7 @@ def causal_block_pairs(seq_len: int) -> int:
     return nb * (nb + 1) // 2
 
 
-def _model_flops_per_step(cfg: DictConfig, sequences: int) -> float:
+def _model_flops_per_step(cfg: DictConfig, sequences: float) -> float:
     m = cfg.model
     vocab = m.vocab_size or cfg.data.get("vocab_size") or 50304  # the tokenizer is not trained yet: its configured size
     gcfg = GPTConfig(m.n_layer, m.n_head, m.n_embd, 64 * math.ceil(vocab / 64), cfg.seq_len, m.dropout, m.bias)
@@ -100,7 +100,9 @@ def estimate_step(cfg: DictConfig, dtype: torch.dtype, world_size: int = 1) -> S
 
 
 def _estimate(cfg: DictConfig, dtype: torch.dtype, world_size: int) -> StepEstimate:
-    sequences = cfg.batch_size // world_size  # this rank's share; grad_accum splits it, the work stays
+    # This rank's share of the step's work (of whole sequences, or under context parallelism of every
+    # sequence's tokens: about as much); grad_accum splits it, the work stays.
+    sequences = cfg.batch_size / world_size
     rate = measure_matmul_flops(torch.device("cpu"), torch.float32, size=512, reps=3)
     dense = _model_flops_per_step(cfg, sequences) / rate
     interpreter = 0.0
@@ -109,7 +111,7 @@ def _estimate(cfg: DictConfig, dtype: torch.dtype, world_size: int) -> StepEstim
 
         if interpreting():
             m = cfg.model
-            pairs = causal_block_pairs(cfg.seq_len) * m.n_head * m.n_layer * sequences
+            pairs = causal_block_pairs(cfg.seq_len) * m.n_head * m.n_layer * sequences  # CP: ~pairs / cp per rank
             interpreter = pairs * _interpreter_s_per_pair(cfg, dtype)
     return StepEstimate(dense, interpreter)
 

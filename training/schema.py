@@ -33,7 +33,7 @@ class SdpaAttention:
 @dataclass
 class FlashAttention:
     name: str = MISSING
-    deterministic: bool = MISSING
+    deterministic: Any = MISSING  # auto | true | false: a union OmegaConf cannot type; model/attention.py checks it
 
 
 @dataclass
@@ -132,6 +132,7 @@ class TrainConfig:
     compile: Union[bool, str] = MISSING
     device: str = MISSING
     parallel: str = MISSING
+    context_parallel: int = MISSING
     dist_timeout_s: float = MISSING
     seed: int = MISSING
     eval_every: int = MISSING
