@@ -100,9 +100,9 @@ def loss_curve(run: Path) -> dict[str, list[tuple[float, float]]]:
     if not (run / METRICS_FILE).exists():
         return curves
     cfg = OmegaConf.load(run / HYDRA_CONFIG)
-    per_step = int(cfg.batch_size or cfg.tokens_per_step // cfg.seq_len) * int(cfg.seq_len)
+    batch = cfg.get("batch_size") or (cfg.get("tokens_per_step") or 0) // cfg.seq_len  # null: from tokens_per_step
     for record in read_jsonl(run / METRICS_FILE):
-        tokens = record.get(TOKENS, record.get("step", 0) * per_step)
+        tokens = record.get(TOKENS, record.get("step", 0) * batch * cfg.seq_len)
         for split in curves:
             if f"{split}/loss" in record:
                 curves[split].append((tokens, record[f"{split}/loss"]))

@@ -96,7 +96,7 @@ def test_sweep_and_resume_as_wandb_sync_would_upload_them(tmp_path, wandb_env, c
     [resumed] = offline_runs(tmp_path / "resumed")
     before = runs[first.name]
     assert resumed.run.run_id == before.run.run_id and resumed.run.display_name == before.run.display_name
-    assert resumed.run.run_group == before.run.run_group
+    assert resumed.run.run_group == before.run.run_group and resumed.run.resume and not before.run.resume
     rows = [r for r in resumed.history if "train/loss" in r]
     assert [(r["_step"], r["train/tokens"]) for r in rows] == [(4, 4 * 64), (5, 5 * 64)]
     assert rows[0]["time/elapsed_s"] > [r for r in before.history if "train/loss" in r][-1]["time/elapsed_s"]
