@@ -21,7 +21,7 @@ CONVENTION = (
 # Of several runs of one (model, seq_len, attention) the best status is shown, the newest among equals:
 # a run that trained to the end, then one that ran into OOM/NaN (a real outcome), then a stopped one.
 STATUS_RANK = {"ok": 0, "oom": 1, "nonfinite": 1, "stopped": 2, "interrupted": 2, "incomplete": 3, "error": 4}
-ATTENTION_ORDER = ("naive", "sdpa", "flash")  # the README's order; variants (sdpa_cudnn, flash_fused) follow their base
+ATTENTION_ORDER = ("naive", "sdpa", "flash")  # the README's order; variants (sdpa_cudnn, flash_two_pass) follow their base
 
 
 def run_row(run: Path) -> dict[str, Any] | None:
@@ -50,7 +50,7 @@ def run_row(run: Path) -> dict[str, Any] | None:
 
 
 def attention_rank(label: str) -> tuple[int, str]:
-    """Sort key: naive, sdpa (then its pinned backends), flash (then flash_fused), then others by name."""
+    """Sort key: naive, sdpa (then its pinned backends), flash (then flash_two_pass), then others by name."""
     base = label.split("_")[0]
     return (ATTENTION_ORDER.index(base) if base in ATTENTION_ORDER else len(ATTENTION_ORDER), label)
 

@@ -40,8 +40,8 @@ TOKENS = "train/tokens"  # the x-axis: tokens trained on so far (all ranks), con
 # aggregates are the final/* keys, set once at the end
 STEP_SUMMARIES = {"train/loss": "min,last", "val/loss": "min,last", "perf/*": "none", "lr": None,
                   "time/elapsed_s": None, "train/skipped_steps": None}
-# flash's kernels per backward schedule (attention.deterministic): what its launch settings list
-FLASH_KERNELS = {True: ("fwd", "bwd_dkdv", "bwd_dq"), False: ("fwd", "bwd_fused")}
+# flash's kernels per backward schedule (kernels.flash_attn.launch.SCHEDULES): what its launch settings list
+FLASH_KERNELS = {"two_pass": ("fwd", "bwd_dq", "bwd_dkdv"), "fused": ("fwd", "bwd_fused")}
 
 
 def names(cfg: DictConfig) -> tuple[str, str]:
@@ -64,25 +64,28 @@ def names(cfg: DictConfig) -> tuple[str, str]:
     return name, experiment or "default"
 
 
-def kernel_settings(cfg: DictConfig, dtype: str) -> dict[str, Any] | None:
-    """attention=flash: the launch table's choice per kernel (tiles, warps, stages, REVERSE, TMA) for
-    this model's head_dim and dtype, and the backward schedule; None for naive and sdpa."""
+def kernel_settings(cfg: DictConfig, dtype: str, device: str) -> dict[str, Any] | None:
+    """attention=flash: the backward schedule that runs, and the launch table's choice per kernel
+    (tiles, warps, stages, REVERSE, TMA) for this model's head_dim, dtype and device; None for naive
+    and sdpa."""
     if cfg.attention.name != "flash":
         return None
-    import triton
+    # the kernels' own (private) resolution rules, so that what is shown is what runs, with no second copy
+    from kernels.flash_attn import _schedule
+    from kernels.flash_attn.launch import _launch_args, fastest_schedule, kernel_config
 
-    from kernels.flash_attn.launch import kernel_config
-
-    head_dim = cfg.model.n_embd // cfg.model.n_head
-    block_d = max(16, triton.next_power_of_2(head_dim))  # as the launchers pad it
-    deterministic = bool(cfg.attention.get("deterministic", True))
-    torch_dtype = getattr(torch, dtype)
+    deterministic = cfg.attention.get("deterministic", "auto")
+    schedule = _schedule(None if deterministic == "auto" else bool(deterministic))  # as flash_attention resolves it
+    q = torch.empty(1, 1, 1, cfg.model.n_embd // cfg.model.n_head, dtype=getattr(torch, dtype), device=device)
+    if schedule == "fastest":  # what launch.backward picks for such a q
+        schedule = fastest_schedule(q)
     settings: dict[str, Any] = {
-        "backward_schedule": "two passes (dK/dV, then dQ)" if deterministic else "one pass, dQ by float32 atomics",
+        "backward_schedule": schedule,
         "tma": "where the tensors' layout allows it (kernels.flash_attn.launch.tma_ok)",
     }
-    for kernel in FLASH_KERNELS[deterministic]:
-        settings[kernel] = dataclasses.asdict(kernel_config(kernel, block_d, torch_dtype, causal=True))
+    block_d = _launch_args(q)["BLOCK_D"]  # the head dim as the launchers pad it
+    for kernel in FLASH_KERNELS[schedule]:
+        settings[kernel] = dataclasses.asdict(kernel_config(kernel, block_d, q.dtype, causal=True))
     return settings
 
 
@@ -96,7 +99,7 @@ def run_config(cfg: DictConfig, derived: dict[str, Any]) -> dict[str, Any]:
     resolved = {key: derived[key] for key in ("dtype", "compile", "device", "tokens_per_step") if key in derived}
     config.update(resolved, batch_size=cfg.batch_size, attention_label=derived.get("attention"))
     config["derived"] = derived
-    config["kernel"] = kernel_settings(cfg, derived.get("dtype", "float32"))
+    config["kernel"] = kernel_settings(cfg, derived.get("dtype", "float32"), derived.get("device", "cpu"))
     config["system"] = {
         "gpu": derived.get("device_name"), "triton_interpreter": interpreting(), "torch": torch.__version__,
         "triton": triton.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
@@ -132,7 +135,8 @@ class WandbRun:
             # own banner and closing summary (~35 lines a run) unless logger.quiet=false
             settings=wandb.Settings(console="off", silent=bool(lg.get("quiet", True))),
         )
-        if lg.mode == "disabled":
+        self.enabled = lg.mode != "disabled"  # disabled: wandb's no-op run, nothing written
+        if not self.enabled:
             return
         atomic_write(out_dir / WANDB_RUN_FILE, json.dumps(
             {"id": self.run.id, "name": self.run.name, "group": group, "project": lg.project}) + "\n")
@@ -163,7 +167,7 @@ class WandbRun:
         """Copy Hydra's train.log into the run's files (uploaded by `wandb sync`); a copy, not wandb's
         symlink, so it survives moving the run folder before syncing."""
         source = self.out_dir / "train.log"
-        if not source.exists() or not self.run.dir:
+        if not self.enabled or not source.exists():
             return
         copy = Path(self.run.dir) / "train.log"
         shutil.copyfile(source, copy)

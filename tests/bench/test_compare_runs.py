@@ -88,8 +88,8 @@ def test_a_finished_run_is_shown_over_newer_unfinished_ones_and_all_are_listed_o
 
 
 def test_attention_order_puts_variants_after_their_base():
-    labels = ["flash_fused", "sdpa_cudnn", "flash", "naive", "sdpa", "custom"]
-    assert sorted(labels, key=attention_rank) == ["naive", "sdpa", "sdpa_cudnn", "flash", "flash_fused", "custom"]
+    labels = ["flash_two_pass", "sdpa_cudnn", "flash", "naive", "sdpa", "custom"]
+    assert sorted(labels, key=attention_rank) == ["naive", "sdpa", "sdpa_cudnn", "flash", "flash_two_pass", "custom"]
 
 
 def test_old_summary_names_are_read_under_the_new_ones(tmp_path):
