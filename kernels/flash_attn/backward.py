@@ -23,7 +23,7 @@ fused: bwd_preprocess_kernel (delta), then bwd_kv_kernel with ATOMIC_DQ (dK, dV 
 import triton
 import triton.language as tl
 
-from kernels.flash_attn.tiles import causal_bounds, load_rows, mma_operand, row_source
+from kernels.flash_attn.tiles import causal_bounds, dot_acc, load_rows, mma_operand, row_source
 
 
 @triton.jit
@@ -67,11 +67,11 @@ def _bwd_kv_inner(
         if MASKED:
             p_t = tl.where(offs_n[:, None] <= rows[None, :] + offset, p_t, 0.0)
         do = mma_operand(load_rows(do_src, start_m, offs_m0, offs_d, seqlen_q, stride_don, stride_dod, HEAD_DIM, TMA), ELEM, UPCAST)
-        dv = tl.dot(mma_operand(p_t, ELEM, UPCAST), do, dv, input_precision=DOT_PRECISION)
+        dv = dot_acc(mma_operand(p_t, ELEM, UPCAST), do, dv, DOT_PRECISION)
         delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         ds_t = mma_operand(p_t * (dp_t - delta[None, :]), ELEM, UPCAST)
-        dk = tl.dot(ds_t, q, dk, input_precision=DOT_PRECISION)
+        dk = dot_acc(ds_t, q, dk, DOT_PRECISION)
         if ATOMIC_DQ:
             # the fused schedule's fifth matmul: this key block's share of dQ = scale · dS K for these
             # rows (BLOCK_M, BLOCK_D), added in float32 to what the other key blocks' programs add.
@@ -188,7 +188,7 @@ def _bwd_dq_inner(
             p = tl.where(keep, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
-        dq = tl.dot(mma_operand(ds, ELEM, UPCAST), k, dq, input_precision=DOT_PRECISION)
+        dq = dot_acc(mma_operand(ds, ELEM, UPCAST), k, dq, DOT_PRECISION)
     return dq
 
 
