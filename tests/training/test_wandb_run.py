@@ -19,7 +19,7 @@ from training.metrics import METRICS_FILE, SUMMARY_FILE, read_jsonl
 from training.wandb_run import WANDB_RUN_FILE, kernel_settings, names, run_config
 
 # a quickstart-like sweep, shrunk: 3 attentions and naive once more (a repeated configuration)
-SWEEP = [*(o for o in SHRINK if o != "logger=none"), "batch_size=2", "steps=3", "eval_steps=1", "ckpt_every=3", "logger=wandb",
+SWEEP = [*(o for o in SHRINK if o != "logger=none"), "batch_size=2", "steps=2", "eval_steps=1", "ckpt_every=2", "logger=wandb",
          "data=synthetic", "data.vocab_size=100", "data.num_tokens=5000"]
 
 
@@ -77,7 +77,7 @@ def test_sweep_and_resume_as_wandb_sync_would_upload_them(tmp_path, wandb_env, c
         assert config["derived"]["params"] > 0
         # the console log goes with the run
         assert "train.log" in run.files
-        assert "step 3/3" in next(job.glob("wandb/offline-run-*/files/train.log")).read_text()
+        assert "step 2/2" in next(job.glob("wandb/offline-run-*/files/train.log")).read_text()
         assert run.exit_code == 0 and run.run.job_type == "train"
 
     names_ = [r.run.display_name for r in runs.values()]
@@ -91,7 +91,7 @@ def test_sweep_and_resume_as_wandb_sync_would_upload_them(tmp_path, wandb_env, c
 
     # resume the first job for 2 more steps into a new folder: the same wandb run goes on
     first = jobs[0]
-    cfg = compose_config(*SWEEP, "attention=naive", "steps=5", f"resume={first}",
+    cfg = compose_config(*SWEEP, "attention=naive", "steps=4", f"resume={first}",
                          f"out_dir={tmp_path / 'resumed'}", f"cache_dir={tmp_path / 'cache'}")
     assert train(cfg)["status"] == "ok"
     [resumed] = offline_runs(tmp_path / "resumed")
@@ -99,7 +99,7 @@ def test_sweep_and_resume_as_wandb_sync_would_upload_them(tmp_path, wandb_env, c
     assert resumed.run.run_id == before.run.run_id and resumed.run.display_name == before.run.display_name
     assert resumed.run.run_group == before.run.run_group and resumed.run.resume and not before.run.resume
     rows = [r for r in resumed.history if "train/loss" in r]
-    assert [(r["_step"], r["train/tokens"]) for r in rows] == [(4, 4 * 64), (5, 5 * 64)]
+    assert [(r["_step"], r["train/tokens"]) for r in rows] == [(3, 3 * 64), (4, 4 * 64)]
     assert rows[0]["time/elapsed_s"] > [r for r in before.history if "train/loss" in r][-1]["time/elapsed_s"]
     assert json.loads((tmp_path / "resumed" / WANDB_RUN_FILE).read_text())["id"] == before.run.run_id
 
