@@ -111,12 +111,18 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.wpe.weight.numel() if non_embedding else n
 
-    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """Logits (B, N, vocab) for token ids (B, N); with targets, also the mean cross-entropy."""
+    def forward(
+        self, idx: Tensor, targets: Tensor | None = None, positions: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """Logits (B, N, vocab) for token ids (B, N); with targets, also the mean cross-entropy.
+
+        `positions`: each token's position in its whole sequence, a LongTensor (N,) or (B, N); by
+        default 0..N-1. Context parallelism passes the global positions of this rank's tokens.
+        """
         n = idx.shape[1]
         if n > self.cfg.seq_len:
             raise ValueError(f"sequence of {n} tokens is longer than the model's seq_len={self.cfg.seq_len}")
-        pos = torch.arange(n, device=idx.device)
+        pos = torch.arange(n, device=idx.device) if positions is None else positions
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, N, C)
         for block in self.blocks:
             x = block(x)

@@ -103,6 +103,7 @@ def test_experiments_show_their_command():
             "attention.backend must be one of auto, cudnn, flash, efficient, math (got 'fast')",
         ),
         (["attention.name=flashy"], "attention.name='flashy' is unknown; choose one of naive, sdpa, flash"),
+        (["attention.deterministic=maybe"], "attention.deterministic must be auto, true or false (got 'maybe')"),
     ],
 )
 def test_invalid_values_name_the_field(overrides, message):
