@@ -41,7 +41,12 @@ def start_banner(run: Run) -> list[str]:
     ]
     batch = f"{cfg.batch_size} × {cfg.seq_len} = {d['tokens_per_step']:,} tokens per step"
     if cfg.grad_accum > 1 or d["ranks"] > 1:
-        batch += f" ({d['micro_batch']} sequences per micro-step" + (f" on each of {d['ranks']} ranks, {d['parallel']})" if d["ranks"] > 1 else ")")
+        batch += f" ({d['micro_batch']} sequence{'s' * (d['micro_batch'] != 1)} per micro-step"
+        if d["ranks"] > 1:
+            batch += f" on each of {d['ranks']} ranks, {d['parallel']}"
+        if d.get("context_parallel", 1) > 1:
+            batch += f", context_parallel={d['context_parallel']}: {d['tokens_per_rank_sequence']} tokens of each per rank"
+        batch += ")"
     device = f"device {d['device_name'] if run.device.type == 'cuda' else 'cpu'}, {d['dtype']}, compile {'on' if d['compile'] else 'off'}"
     if run.estimate is not None and run.estimate.total_s >= 1:  # below a second the estimate is overhead-bound noise
         device += f", ~{duration(run.estimate.total_s)} per step (estimated at start)"

@@ -44,7 +44,7 @@ def straight(tmp_path_factory):
 def test_two_cp_ranks_match_one_process_which_resumes_their_checkpoint(tmp_path, straight):
     two = launch(tmp_path, 2, *CP_RUN, "ckpt_every=5", "stop_at=5")
     log = (two / "train.log").read_text()
-    assert "ranks=2, parallel=ddp, micro_batch=1, context_parallel=2, tokens_per_rank_sequence=8" in log
+    assert "(1 sequence per micro-step on each of 2 ranks, ddp, context_parallel=2: 8 tokens of each per rank)" in log
     # the checkpoint is full-state, as a single process writes it: one process continues the run
     saved = load_checkpoint(two / CHECKPOINT_NAME)
     assert saved["step"] == 5 and saved["model"]["wpe.weight"].shape[0] == 16
@@ -56,7 +56,7 @@ def test_two_cp_ranks_match_one_process_which_resumes_their_checkpoint(tmp_path,
 def test_one_process_checkpoint_resumes_on_two_cp_ranks_under_fsdp(tmp_path, straight):
     one = single(tmp_path, *ONE, "ckpt_every=5", "stop_at=5")
     launch(tmp_path, 2, *CP_RUN, "parallel=fsdp", "ckpt_every=5", "resume=true", run_dir=one)
-    assert "parallel=fsdp, micro_batch=1, context_parallel=2" in (one / "train.log").read_text()
+    assert "on each of 2 ranks, fsdp, context_parallel=2" in (one / "train.log").read_text()
     assert_same_losses(one, straight)
 
 

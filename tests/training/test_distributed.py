@@ -32,6 +32,7 @@ import training.loop
 from training import distributed, train
 from training.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from training.config import ConfigError, validate_config
+from training.loop import RESOLVED_CONFIG
 from training.metrics import METRICS_FILE, SUMMARY_FILE
 
 # SHRINK (lr 1e-2, warmup 1) on random tokens, which every process generates alike (no cache files).
@@ -140,7 +141,7 @@ def test_two_ddp_ranks_equal_one_process_which_resumes_their_checkpoint(tmp_path
     two = launch(tmp_path, 2, "parallel=ddp", "ckpt_every=2", "stop_at=2")
     # Rank 0 alone wrote: one line per step, one console, one summary; rank 1's Hydra scratch is gone.
     written = sorted(p.name for p in two.iterdir())
-    assert written == sorted([".hydra", CHECKPOINT_NAME, METRICS_FILE, SUMMARY_FILE, "train.log"])
+    assert written == sorted([".hydra", CHECKPOINT_NAME, METRICS_FILE, RESOLVED_CONFIG, SUMMARY_FILE, "train.log"])
     assert [s for s, _, _ in steps(two)] == [1, 2]
     log = (two / "train.log").read_text()
     assert log.count("step 2/4") == 1 and "(2 sequences per micro-step on each of 2 ranks, ddp)" in log
