@@ -112,11 +112,12 @@ def assert_within_rule(name: str, got: torch.Tensor, ref: torch.Tensor, standard
     )
 
 
-def check_against_reference(q, k, v, causal, softmax_scale=None, deterministic=True):
+def check_against_reference(q, k, v, causal, softmax_scale=None, deterministic=True, window_size=(-1, -1), document_ids=None):
     """Run kernel, float64 reference and the plain-dtype standard; apply the exactness rule.
-    `deterministic` picks the kernel's backward (False: the single-pass one with atomic dQ)."""
+    `deterministic` picks the kernel's backward (False: the single-pass one with atomic dQ);
+    window_size and document_ids are passed to all three."""
     do = torch.randn(q.shape, device=q.device, dtype=torch.float64)
-    kw = dict(causal=causal, softmax_scale=softmax_scale)
+    kw = dict(causal=causal, softmax_scale=softmax_scale, window_size=window_size, document_ids=document_ids)
     out, grads = run_fwd_bwd(flash_attention, q, k, v, do, deterministic=deterministic, **kw)
     ref, ref_grads = run_fwd_bwd(attention_reference, *float64(q, k, v), do, **kw)
     std, std_grads = run_fwd_bwd(attention_reference, q, k, v, do, dtype=None, **kw)
