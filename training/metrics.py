@@ -22,11 +22,11 @@ SUMMARY_FILE = "summary.json"
 
 
 def attention_label(cfg: DictConfig) -> str:
-    """naive, sdpa, sdpa_cudnn (sdpa_flash, ...), flash, flash_fused: the attention choice including
-    a pinned sdpa backend or flash's single-pass (deterministic=false) backward. The same names as
-    the benchmarks' implementations, so a run and a benchmark row of one variant carry one name."""
-    if cfg.attention.name == "flash" and cfg.attention.get("deterministic", True) is False:
-        return "flash_fused"
+    """naive, sdpa, sdpa_cudnn (sdpa_flash, ...), flash, flash_two_pass: the attention choice including
+    a pinned sdpa backend or flash's deterministic (two-pass) backward. The same names as the
+    benchmarks' implementations, so a run and a benchmark row of one variant carry one name."""
+    if cfg.attention.name == "flash" and cfg.attention.get("deterministic", "auto") is True:
+        return "flash_two_pass"
     backend = cfg.attention.get("backend", "auto")
     return cfg.attention.name if backend == "auto" else f"{cfg.attention.name}_{backend}"
 

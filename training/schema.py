@@ -33,7 +33,7 @@ class SdpaAttention:
 @dataclass
 class FlashAttention:
     name: str = MISSING
-    deterministic: bool = MISSING
+    deterministic: Any = MISSING  # auto | true | false: a union OmegaConf cannot type; model/attention.py checks it
 
 
 @dataclass

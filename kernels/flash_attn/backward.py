@@ -11,10 +11,11 @@ i.e. five matmuls (10·N²·d FLOPs per head, against 8·N²·d if P had been st
   and dV over all query blocks (and over the query heads of its GQA group), another per query
   block accumulates dQ over all key blocks. Each pass recomputes S and dP: 7 matmuls, the price
   of determinism.
-- fused (deterministic=False, FA2's original schedule): the key-block programs also compute
-  their share scale · dS K of each query block's dQ and add it with float32 atomics into a
-  zeroed (B, H, N, d) buffer, cast to the input dtype at the end: 5 matmuls, but the order of
-  the adds, hence dQ's last bits, depends on scheduling.
+- fused (FA2's original schedule): the key-block programs also compute their share scale · dS K
+  of each query block's dQ and add it into a zeroed float32 (B, H, N, d) buffer, cast to the
+  input dtype at the end: 5 matmuls, but the order of the adds, hence dQ's last bits, depends on
+  scheduling. On Hopper each share goes as one TMA bulk reduce-add of the tile (TMA_DQ, as in
+  FlashAttention-3), elsewhere as per-element float32 atomics.
 
 Kernels, in the order they run: bwd_preprocess_kernel (delta), bwd_kv_kernel (one key block's
 dK, dV, and with ATOMIC_DQ its dQ share: the fused schedule), bwd_dq_kernel (the second pass).
@@ -59,7 +60,7 @@ def _bwd_kv_inner(
     win_left, win_right, doc_base, doc_k, doc_lo, doc_hi, TILES,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DOCS: tl.constexpr, COUNT_TILES: tl.constexpr,
-    ELEM: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
+    ELEM: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr,
 ):
     """dV += Pᵀ dO and dK += dSᵀ Q (unscaled) over the query blocks [lo, hi) of one head.
     MASKED: the positional mask; DOCS: the document mask where a tile mixes documents."""
@@ -92,8 +93,13 @@ def _bwd_kv_inner(
             # rows (BLOCK_M, BLOCK_D), added in float32 to what the other key blocks' programs add.
             # Relaxed: the sum is read only after the kernel ends, so no ordering is needed between adds.
             dq = tl.dot(tl.trans(ds_t), k, input_precision=DOT_PRECISION) * softmax_scale
-            tl.atomic_add(dq_base + rows[:, None] * stride_dqn + offs_d[None, :] * stride_dqd, dq,
-                          mask=row_ok[:, None] & d_ok, sem="relaxed")
+            if TMA_DQ:
+                # one bulk reduce-add of the whole tile by the copy engine (FlashAttention-3's way):
+                # no per-element atomics in the registers; rows past seqlen_q are clipped by TMA
+                dq_base.atomic_add([start_m, 0], dq)
+            else:
+                tl.atomic_add(dq_base + rows[:, None] * stride_dqn + offs_d[None, :] * stride_dqd, dq,
+                              mask=row_ok[:, None] & d_ok, sem="relaxed")
     return dk, dv
 
 
@@ -111,7 +117,7 @@ def bwd_kv_kernel(
     win_left, win_right, DOC, stride_docb, DOC_RANGE, TILES,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DOCS: tl.constexpr, COUNT_TILES: tl.constexpr,
-    REVERSE: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    REVERSE: tl.constexpr, ATOMIC_DQ: tl.constexpr, TMA_DQ: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
     """One key block's dK and dV. ATOMIC_DQ=False: the deterministic schedule's first pass (DQ and
@@ -174,9 +180,11 @@ def bwd_kv_kernel(
         h = kvh * group + g
         q_src = row_source(Q + b * stride_qb + h * stride_qh, seqlen_q, stride_qn, stride_qd, BLOCK_M, BLOCK_D, HEAD_DIM, TMA)
         do_src = row_source(DO + b * stride_dob + h * stride_doh, seqlen_q, stride_don, stride_dod, BLOCK_M, BLOCK_D, HEAD_DIM, TMA)
-        dq_base = DQ
-        if ATOMIC_DQ:
-            dq_base = DQ + b * stride_dqb + h * stride_dqh
+        if ATOMIC_DQ:  # where this head's dQ shares go: a descriptor (TMA_DQ) or a pointer
+            dq_base = row_source(DQ + b * stride_dqb + h * stride_dqh, seqlen_q, stride_dqn, stride_dqd,
+                                 BLOCK_M, BLOCK_D, HEAD_DIM, TMA_DQ)
+        else:
+            dq_base = DQ
         row_base = (b * heads_q + h) * seqlen_q
         # the diagonal query blocks (causal, the window's head: masked), those that see the whole
         # key block, and the window's tail (masked)
@@ -185,14 +193,14 @@ def bwd_kv_kernel(
             stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
             offs_n, offs_m0, offs_d, lo, full_lo, seqlen_q, seqlen_k, offset, qk_scale, softmax_scale,
             win_left, win_right, doc_base, doc_k, doc_lo, doc_hi, TILES,
-            HEAD_DIM, BLOCK_M, True, ATOMIC_DQ, CAUSAL, WINDOW, DOCS, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA,
+            HEAD_DIM, BLOCK_M, True, ATOMIC_DQ, CAUSAL, WINDOW, DOCS, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA, TMA_DQ,
         )
         dk, dv = _bwd_kv_inner(
             dk, dv, k, v, q_src, do_src, LSE + row_base, DELTA + row_base, dq_base,
             stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
             offs_n, offs_m0, offs_d, full_lo, full_hi, seqlen_q, seqlen_k, offset, qk_scale, softmax_scale,
             win_left, win_right, doc_base, doc_k, doc_lo, doc_hi, TILES,
-            HEAD_DIM, BLOCK_M, False, ATOMIC_DQ, CAUSAL, WINDOW, DOCS, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA,
+            HEAD_DIM, BLOCK_M, False, ATOMIC_DQ, CAUSAL, WINDOW, DOCS, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA, TMA_DQ,
         )
         if WINDOW:
             dk, dv = _bwd_kv_inner(
@@ -200,7 +208,7 @@ def bwd_kv_kernel(
                 stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
                 offs_n, offs_m0, offs_d, full_hi, hi, seqlen_q, seqlen_k, offset, qk_scale, softmax_scale,
                 win_left, win_right, doc_base, doc_k, doc_lo, doc_hi, TILES,
-                HEAD_DIM, BLOCK_M, True, ATOMIC_DQ, CAUSAL, WINDOW, DOCS, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA,
+                HEAD_DIM, BLOCK_M, True, ATOMIC_DQ, CAUSAL, WINDOW, DOCS, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA, TMA_DQ,
             )
     dk = dk * softmax_scale
     tl.store(DK + b * stride_dkb + kvh * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,

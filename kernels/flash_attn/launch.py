@@ -37,6 +37,7 @@ class KernelConfig:
     num_stages: int = 2
     REVERSE: bool = False
     TMA: bool = False
+    TMA_DQ: bool = False  # bwd_fused only: dQ shares added by TMA bulk reduce-add (Hopper), not per-element atomics
 
     def launch_kwargs(self, *tensors: torch.Tensor) -> dict:
         """Kernel keyword arguments; TMA falls back to pointer loads when one of `tensors` (the
@@ -78,8 +79,8 @@ LAUNCH_TABLE: dict[tuple[str, str, str], KernelConfig] = {
     ("bwd_dq", "d128", "fp32"): dataclasses.replace(_FP32_OR_D256, REVERSE=True),
     ("bwd_dq", "d256", "fp32"): dataclasses.replace(_FP32_OR_D256, REVERSE=True),
     # bwd_fused: as bwd_dkdv, plus a (BLOCK_M, d) dQ tile added atomically per step
-    ("bwd_fused", "d64", "16bit"): KernelConfig(32, 128, num_warps=4, num_stages=3),
-    ("bwd_fused", "d128", "16bit"): KernelConfig(64, 128, num_warps=8, num_stages=3),
+    ("bwd_fused", "d64", "16bit"): KernelConfig(32, 128, num_warps=4, num_stages=3, TMA_DQ=True),
+    ("bwd_fused", "d128", "16bit"): KernelConfig(64, 128, num_warps=8, num_stages=3, TMA_DQ=True),
     ("bwd_fused", "d256", "16bit"): _FP32_OR_D256,
     ("bwd_fused", "d64", "fp32"): _FP32_OR_D256,
     ("bwd_fused", "d128", "fp32"): _FP32_OR_D256,
@@ -104,7 +105,7 @@ def kernel_config(kernel: str, block_d: int, dtype: torch.dtype, causal: bool) -
     head_dim_class = "d64" if block_d <= 64 else "d128" if block_d <= 128 else "d256"
     config = LAUNCH_TABLE[kernel, head_dim_class, "fp32" if dtype == torch.float32 else "16bit"]
     if interpreting():
-        config = KernelConfig(64, 64, REVERSE=config.REVERSE, TMA=config.TMA)
+        config = KernelConfig(64, 64, REVERSE=config.REVERSE, TMA=config.TMA, TMA_DQ=config.TMA_DQ)
     return dataclasses.replace(config, REVERSE=causal and config.REVERSE)
 
 
@@ -127,6 +128,12 @@ def tma_ok(*tensors: torch.Tensor) -> bool:
         if any((stride * size) % 16 for stride in t.stride()[:-1]):
             return False
     return True
+
+
+def tma_reduce_ok(cfg: KernelConfig, dq_acc: torch.Tensor) -> bool:
+    """Whether the fused backward adds its dQ shares by TMA reduce-add: asked for by the config,
+    on a Hopper-or-newer GPU (the interpreter has no bulk reductions), into a buffer TMA can address."""
+    return cfg.TMA_DQ and not interpreting() and tma_ok(dq_acc)
 
 
 def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:
@@ -210,7 +217,8 @@ def _launch_key_blocks(do, q, k, v, lse2, delta, mask: KernelMask, scale: float,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *dq_args[1:],
         heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E.value, scale,
         **mask.kernel_args(cfg.BLOCK_N, cfg.BLOCK_M, tile_counter),
-        ATOMIC_DQ=dq_acc is not None, **cfg.launch_kwargs(q, do), **consts,
+        ATOMIC_DQ=dq_acc is not None, TMA_DQ=dq_acc is not None and tma_reduce_ok(cfg, dq_acc),
+        **cfg.launch_kwargs(q, do), **consts,
     )
     return dk, dv
 
@@ -258,13 +266,42 @@ def backward_fused(do, q, k, v, lse2, delta, causal: bool, scale: float, config:
     return dq_acc.to(q.dtype), dk, dv  # the cast is a no-op for float32 inputs
 
 
+def fastest_schedule(q: torch.Tensor) -> str:
+    """The backward schedule that measured fastest for q's device, head dim and dtype, among the
+    exact ones; the one `deterministic=False` runs.
+
+    The interpreter: fused (half the programs × key blocks of the two passes). A Hopper GPU: fused
+    where its dQ adds go through TMA reduce-add and FUSED_FASTER measured it ahead (docs/perf-notes.md,
+    v4). Elsewhere two-pass: per-element float32 atomics made the fused schedule slower on every
+    shape measured (H200; no older GPU was measured, so they keep the schedule that needs no atomics)."""
+    if interpreting():
+        return "fused"
+    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] < 9:
+        return "two_pass"
+    block_d = _launch_args(q)["BLOCK_D"]
+    head_dim_class = "d64" if block_d <= 64 else "d128" if block_d <= 128 else "d256"
+    return "fused" if FUSED_FASTER.get((head_dim_class, "fp32" if q.dtype == torch.float32 else "16bit"), False) else "two_pass"
+
+
+# (padded head dim, dtype class) where the fused schedule with TMA reduce-add beat the two passes
+# on the H200 (fwd+bwd, N=1024..32768, causal and full): see docs/perf-notes.md, v4.
+FUSED_FASTER: dict[tuple[str, str], bool] = {}
+
+SCHEDULES = ("two_pass", "fused", "fastest")
+
+
 def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse2: torch.Tensor,
-             causal: bool, scale: float, deterministic: bool = True, window_size: tuple[int, int] = (-1, -1),
+             causal: bool, scale: float, schedule: str = "two_pass", window_size: tuple[int, int] = (-1, -1),
              document_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dQ, dK, dV) with the table's configs: two passes if deterministic, else the fused one."""
+    """(dQ, dK, dV) with the table's configs. schedule: "two_pass" (deterministic), "fused" (one
+    pass, dQ summed by atomic adds) or "fastest" (fastest_schedule's pick for these inputs)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(map(repr, SCHEDULES))}, got {schedule!r}")
+    if schedule == "fastest":
+        schedule = fastest_schedule(q)
     delta = backward_delta(o, do)
     masks = dict(window_size=window_size, document_ids=document_ids)
-    if not deterministic:
+    if schedule == "fused":
         return backward_fused(do, q, k, v, lse2, delta, causal, scale, **masks)
     dk, dv = backward_dkdv(do, q, k, v, lse2, delta, causal, scale, **masks)
     dq = backward_dq(do, q, k, v, lse2, delta, causal, scale, **masks)

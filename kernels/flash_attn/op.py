@@ -15,16 +15,16 @@ from kernels.flops import attention_flops
 
 @torch.library.custom_op("flashgpt::flash_attn_fwd", mutates_args=())
 def flash_attn_fwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, deterministic: bool = True,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, schedule: str = "two_pass",
     window_left: int = -1, window_right: int = -1, document_ids: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    # `deterministic` does not change the forward: it is an input here so that autograd's
-    # setup_context can hand it to the backward op
+    # `schedule` (the backward's: launch.SCHEDULES) does not change the forward: it is an input
+    # here so that autograd's setup_context can hand it to the backward op
     return launch.forward(q, k, v, causal, scale, window_size=(window_left, window_right), document_ids=document_ids)
 
 
 @flash_attn_fwd.register_fake
-def _(q, k, v, causal, scale, deterministic=True, window_left=-1, window_right=-1, document_ids=None):
+def _(q, k, v, causal, scale, schedule="two_pass", window_left=-1, window_right=-1, document_ids=None):
     batch, heads_q, seqlen_q, _ = q.shape
     return torch.empty_like(q), q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
 
@@ -32,27 +32,27 @@ def _(q, k, v, causal, scale, deterministic=True, window_left=-1, window_right=-
 @torch.library.custom_op("flashgpt::flash_attn_bwd", mutates_args=())
 def flash_attn_bwd(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse2: torch.Tensor,
-    causal: bool, scale: float, deterministic: bool = True,
+    causal: bool, scale: float, schedule: str = "two_pass",
     window_left: int = -1, window_right: int = -1, document_ids: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return launch.backward(do, q, k, v, o, lse2, causal, scale, deterministic, (window_left, window_right), document_ids)
+    return launch.backward(do, q, k, v, o, lse2, causal, scale, schedule, (window_left, window_right), document_ids)
 
 
 @flash_attn_bwd.register_fake
-def _(do, q, k, v, o, lse2, causal, scale, deterministic=True, window_left=-1, window_right=-1, document_ids=None):
+def _(do, q, k, v, o, lse2, causal, scale, schedule="two_pass", window_left=-1, window_right=-1, document_ids=None):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, causal, scale, deterministic, window_left, window_right, document_ids = inputs
+    q, k, v, causal, scale, schedule, window_left, window_right, document_ids = inputs
     o, lse2 = output
     ctx.save_for_backward(q, k, v, o, lse2, document_ids)
-    ctx.causal, ctx.scale, ctx.deterministic, ctx.window = causal, scale, deterministic, (window_left, window_right)
+    ctx.causal, ctx.scale, ctx.schedule, ctx.window = causal, scale, schedule, (window_left, window_right)
 
 
 def _backward(ctx, do, _dlse):
     q, k, v, o, lse2, document_ids = ctx.saved_tensors
-    dq, dk, dv = flash_attn_bwd(do, q, k, v, o, lse2, ctx.causal, ctx.scale, ctx.deterministic, *ctx.window, document_ids)
+    dq, dk, dv = flash_attn_bwd(do, q, k, v, o, lse2, ctx.causal, ctx.scale, ctx.schedule, *ctx.window, document_ids)
     return dq, dk, dv, None, None, None, None, None, None
 
 

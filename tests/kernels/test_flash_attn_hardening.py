@@ -96,7 +96,7 @@ def attention_problems(draw: st.DrawFn) -> dict:
         batch=batch, heads_q=heads_kv * group, heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
         head_dim=head_dim, causal=causal, softmax_scale=scale,
         layouts=draw(st.tuples(*[st.sampled_from(LAYOUTS)] * 3)), seed=draw(st.integers(0, 2**31 - 1)),
-        deterministic=draw(st.booleans()),  # False: the single-pass backward with atomic dQ adds
+        schedule=draw(st.sampled_from(["two_pass", "fused"])),  # fused: the single-pass backward with atomic dQ adds
     )
 
 
@@ -113,7 +113,7 @@ def test_random_problems_match_float64_reference(dtype, problem):
         shape = [p[key] for key in ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim")]
         qkv = make_qkv(*shape, dtype, requires_grad=False)
         q, k, v = (with_layout(t, layout) for t, layout in zip(qkv, p["layouts"]))
-        check_against_reference(q, k, v, p["causal"], p["softmax_scale"], p["deterministic"])
+        check_against_reference(q, k, v, p["causal"], p["softmax_scale"], p["schedule"])
 
 
 def test_layouts_reach_the_kernel_with_their_strides(monkeypatch):
@@ -121,9 +121,9 @@ def test_layouts_reach_the_kernel_with_their_strides(monkeypatch):
     seen = []
     forward = launch.forward
 
-    def spy(q, k, v, *args):
+    def spy(q, k, v, *args, **kwargs):
         seen.append((q.stride(), k.stride()))
-        return forward(q, k, v, *args)
+        return forward(q, k, v, *args, **kwargs)
 
     monkeypatch.setattr(launch, "forward", spy)
     q, k, v = make_qkv(1, 2, 2, 9, 9, 8, torch.float32, requires_grad=False)
@@ -410,7 +410,7 @@ BAD_INPUTS = {  # id: (make inputs, flash_attention keyword arguments, error, me
     "heads_q-below-heads_kv": (_bad(heads_q=1, heads_kv=2), {}, ValueError, "not a multiple"),
     "causal-str": (_bad(), dict(causal="yes"), TypeError, "causal must be a bool"),
     "causal-int": (_bad(), dict(causal=1), TypeError, "causal must be a bool"),
-    "deterministic-none": (_bad(), dict(deterministic=None), TypeError, "deterministic must be a bool"),
+    "deterministic-string": (_bad(), dict(deterministic="yes"), TypeError, "deterministic must be None, True or False"),
     "scale-nan": (_bad(), dict(softmax_scale=float("nan")), ValueError, "softmax_scale must be a finite number"),
     "scale-inf": (_bad(), dict(softmax_scale=float("inf")), ValueError, "softmax_scale must be a finite number"),
     "scale-str": (_bad(), dict(softmax_scale="0.1"), ValueError, "softmax_scale must be a finite number"),

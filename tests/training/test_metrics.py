@@ -69,7 +69,7 @@ def test_summary_is_replaced_whole_or_not_at_all(tmp_path, tiny_cfg, monkeypatch
         (["attention=sdpa"], "sdpa"),
         (["attention=sdpa", "attention.backend=cudnn"], "sdpa_cudnn"),
         (["attention=flash"], "flash"),
-        (["attention=flash", "attention.deterministic=false"], "flash_fused"),
+        (["attention=flash", "attention.deterministic=true"], "flash_two_pass"),
     ],
 )
 def test_attention_label_names_each_variant_once(overrides, label):
