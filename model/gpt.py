@@ -41,11 +41,11 @@ class CausalSelfAttention(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.attend = attend
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, document_ids: Tensor | None = None) -> Tensor:
         B, N, C = x.shape
         # (B, N, 3C) -> three (B, H, N, D) views; strided, which every attend() accepts.
         q, k, v = self.qkv(x).view(B, N, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
-        o = self.attend(q, k, v, causal=True)  # (B, H, N, D)
+        o = self.attend(q, k, v, causal=True, document_ids=document_ids)  # (B, H, N, D)
         return self.dropout(self.proj(o.transpose(1, 2).reshape(B, N, C)))
 
 
@@ -68,8 +68,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x))  # pre-LN: normalise the branch input, keep the residual raw
+    def forward(self, x: Tensor, document_ids: Tensor | None = None) -> Tensor:
+        x = x + self.attn(self.ln_1(x), document_ids)  # pre-LN: normalise the branch input, keep the residual raw
         return x + self.mlp(self.ln_2(x))
 
 
@@ -111,15 +111,19 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.wpe.weight.numel() if non_embedding else n
 
-    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """Logits (B, N, vocab) for token ids (B, N); with targets, also the mean cross-entropy."""
+    def forward(self, idx: Tensor, targets: Tensor | None = None, positions: Tensor | None = None,
+                document_ids: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """Logits (B, N, vocab) for token ids (B, N); with targets, also the mean cross-entropy.
+
+        positions: LongTensor (N,) or (B, N), default 0..N−1 (restarting per document when
+        data.reset_positions); document_ids: (B, N), every attention then stays inside a document."""
         n = idx.shape[1]
         if n > self.cfg.seq_len:
             raise ValueError(f"sequence of {n} tokens is longer than the model's seq_len={self.cfg.seq_len}")
-        pos = torch.arange(n, device=idx.device)
+        pos = torch.arange(n, device=idx.device) if positions is None else positions
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, N, C)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, document_ids)
         logits = self.lm_head(self.ln_f(x))  # (B, N, V)
         if targets is None:
             return logits, None

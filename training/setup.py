@@ -19,10 +19,11 @@ from omegaconf import DictConfig
 from torch import nn
 
 from data import build_dataset
-from model.attention import get_attention
+from model.attention import get_attention, window_size
 from model.flops import MFU_CONVENTION, flops_per_token, measure_matmul_flops
 from model.gpt import GPT, GPTConfig
 from training import distributed
+from training.batches import BatchInputs, document_inputs, no_inputs
 from training.checkpoint import resume
 from training.config import ConfigError, resolve_compile, resolve_device, resolve_dtype, validate_config
 from training.distributed import DistInfo
@@ -51,6 +52,7 @@ class Run:
     peak_flops: float | None
     derived: dict[str, Any] = field(default_factory=dict)
     dist: DistInfo = field(default_factory=DistInfo)  # this process's rank under torchrun
+    inputs: BatchInputs = no_inputs  # the model's extra inputs per batch (document ids, positions)
 
 
 def build_model(cfg: DictConfig, tokenizer_vocab: int, device: torch.device) -> GPT:
@@ -109,7 +111,7 @@ def setup(cfg: DictConfig) -> Run:
     wrapped = wrap_model(model, cfg, device, dist)
     optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), device)
     start_step = resume(cfg, out_dir, model, optimizer) if cfg.resume else 0
-    fpt = flops_per_token(model.cfg, model.num_params())
+    fpt = flops_per_token(model.cfg, model.num_params(), window_size(cfg.attention.get("window")))
     peak, peak_source = peak_flops(cfg, device, dtype)
     if peak and dist.world_size > 1:  # tokens/s counts every rank's tokens: MFU against all their devices
         peak, peak_source = peak * dist.world_size, f"{peak_source} × {dist.world_size} ranks"
@@ -123,8 +125,11 @@ def setup(cfg: DictConfig) -> Run:
         "flops_per_token": fpt, "mfu_convention": MFU_CONVENTION,
         "peak_flops": peak, "peak_flops_source": peak_source,
         "attention": attention_label(cfg), "device": str(device),
+        "attention_window": cfg.attention.get("window"), "document_mask": cfg.data.document_mask,
+        "reset_positions": cfg.data.reset_positions,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "dtype": str(dtype).removeprefix("torch."), "compile": resolve_compile(cfg, device),
         "torch": torch.__version__, "start_step": start_step,
     }
-    return Run(cfg, out_dir, device, ds, model, wrapped, optimizer, autocast, start_step, fpt, peak, derived, dist)
+    inputs = document_inputs(ds, cfg.data.document_mask, cfg.data.reset_positions)
+    return Run(cfg, out_dir, device, ds, model, wrapped, optimizer, autocast, start_step, fpt, peak, derived, dist, inputs)

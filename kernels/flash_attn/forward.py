@@ -158,7 +158,8 @@ def fwd_kernel(
         # by l == 0: a row whose every score is -inf (a -inf input) also ends with l = 0 and must
         # give 0/0 = NaN, as softmax does. (Documents empty no row: a row always sees its own key.)
         if WINDOW:
-            empty = (offs_m + offset + win_right < 0) | (offs_m + offset - win_left >= seqlen_k)
+            # (rows past seqlen_q too: not stored, but this keeps their 0/0 out of the arithmetic)
+            empty = (offs_m + offset + win_right < 0) | (offs_m + offset - win_left >= seqlen_k) | (offs_m >= seqlen_q)
         else:
             empty = offs_m + offset < 0
         l_i = tl.where(empty, 1.0, l_i)
