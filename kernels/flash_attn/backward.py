@@ -1,24 +1,24 @@
 """The backward kernels (FlashAttention-2, Algorithm 2, with recomputation).
 
-First delta = rowsum(dO ∘ O) (= rowsum(P ∘ dP)). Then the probabilities are rebuilt tile by tile
+Each needs delta = rowsum(dO ∘ O) (= rowsum(P ∘ dP)) per query row. The probabilities are rebuilt tile by tile
 from Q, K and the saved LSE (base 2, as the forward keeps it), P = 2^{S·scale·log2(e) − LSE}, and
 
     dV = Pᵀ dO,   dP = dO Vᵀ,   dS = P ∘ (dP − delta),   dK = scale · dSᵀ Q,   dQ = scale · dS K
 
 i.e. five matmuls (10·N²·d FLOPs per head, against 8·N²·d if P had been stored). Two schedules:
 
-- deterministic (default): two passes without atomics. One program per key block accumulates dK
-  and dV over all query blocks (and over the query heads of its GQA group), another per query
-  block accumulates dQ over all key blocks. Each pass recomputes S and dP: 7 matmuls, the price
-  of determinism.
+- two-pass (deterministic): two passes without atomics. First one program per query block
+  accumulates dQ over all key blocks (and writes its rows' delta), then one per key block
+  accumulates dK and dV over all query blocks (and over the query heads of its GQA group). Each
+  pass recomputes S and dP: 7 matmuls, the price of determinism.
 - fused (FA2's original schedule): the key-block programs also compute their share scale · dS K
   of each query block's dQ and add it into a zeroed float32 (B, H, N, d) buffer, cast to the
   input dtype at the end: 5 matmuls, but the order of the adds, hence dQ's last bits, depends on
   scheduling. On Hopper each share goes as one TMA bulk reduce-add of the tile (TMA_DQ, as in
   FlashAttention-3), elsewhere as per-element float32 atomics.
 
-Kernels, in the order they run: bwd_preprocess_kernel (delta), bwd_kv_kernel (one key block's
-dK, dV, and with ATOMIC_DQ its dQ share: the fused schedule), bwd_dq_kernel (the second pass).
+Kernels: bwd_dq_kernel (two-pass: dQ and delta), then bwd_kv_kernel (one key block's dK, dV);
+fused: bwd_preprocess_kernel (delta), then bwd_kv_kernel with ATOMIC_DQ (dK, dV and dQ shares).
 
 Masks (tiles.py) skip tiles as in the forward: a key-block program visits only the query blocks
 that see one of its keys (a masked head, a fully visible middle, a masked tail under a window),
@@ -28,7 +28,8 @@ import triton
 import triton.language as tl
 
 from kernels.flash_attn.tiles import (
-    causal_bounds, clip_range, doc_ids, doc_tile_mixed, load_rows, mma_operand, positions_visible, row_source, tile_range,
+    causal_bounds, clip_range, doc_ids, doc_tile_mixed, dot_acc, load_rows, mma_operand, positions_visible, row_source,
+    tile_range,
 )
 
 
@@ -83,11 +84,11 @@ def _bwd_kv_inner(
             if doc_tile_mixed(doc_lo, doc_hi, doc_q):
                 p_t = tl.where(doc_k[:, None] == doc_q[None, :], p_t, 0.0)
         do = mma_operand(load_rows(do_src, start_m, offs_m0, offs_d, seqlen_q, stride_don, stride_dod, HEAD_DIM, TMA), ELEM, UPCAST)
-        dv = tl.dot(mma_operand(p_t, ELEM, UPCAST), do, dv, input_precision=DOT_PRECISION)
+        dv = dot_acc(mma_operand(p_t, ELEM, UPCAST), do, dv, DOT_PRECISION)
         delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         ds_t = mma_operand(p_t * (dp_t - delta[None, :]), ELEM, UPCAST)
-        dk = tl.dot(ds_t, q, dk, input_precision=DOT_PRECISION)
+        dk = dot_acc(ds_t, q, dk, DOT_PRECISION)
         if ATOMIC_DQ:
             # the fused schedule's fifth matmul: this key block's share of dQ = scale · dS K for these
             # rows (BLOCK_M, BLOCK_D), added in float32 to what the other key blocks' programs add.
@@ -243,16 +244,17 @@ def _bwd_dq_inner(
                 p = tl.where(doc_q[:, None] == doc_k[None, :], p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
-        dq = tl.dot(mma_operand(ds, ELEM, UPCAST), k, dq, input_precision=DOT_PRECISION)
+        dq = dot_acc(mma_operand(ds, ELEM, UPCAST), k, dq, DOT_PRECISION)
     return dq
 
 
 @triton.jit
 def bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ,
+    Q, K, V, O, DO, LSE, DELTA, DQ,  # noqa: E741
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_on, stride_od,
     stride_dob, stride_doh, stride_don, stride_dod,
     stride_dqb, stride_dqh, stride_dqn, stride_dqd,
     heads_q, group, seqlen_q, seqlen_k, qk_scale, softmax_scale,
@@ -261,7 +263,10 @@ def bwd_dq_kernel(
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DOCS: tl.constexpr, COUNT_TILES: tl.constexpr,
     REVERSE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
-    """One query block's dQ: the deterministic schedule's second pass. Masks as fwd_kernel's."""
+    """One query block's dQ, and its rows' delta = rowsum(dO ∘ O), written to DELTA for the dK/dV
+    pass that follows: the deterministic schedule's first pass. Computing delta here, from the
+    O tile the program reads once, saves the separate preprocess launch (host time that shows
+    at short sequences). Masks as fwd_kernel's."""
     pid_m = tl.program_id(0)  # grid (query blocks, heads, batch)
     if REVERSE:  # longest (causal: last) query blocks first, as in the forward
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -280,10 +285,12 @@ def bwd_dq_kernel(
     q_ok = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
     q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd, mask=q_ok, other=0.0)
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod, mask=q_ok, other=0.0)
+    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od, mask=q_ok, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + row0 + offs_m, delta, mask=row_ok)
     q = mma_operand(q, ELEM, UPCAST)  # q and dO stay on chip while the key blocks stream past
     do = mma_operand(do, ELEM, UPCAST)
     lse2 = tl.load(LSE + row0 + offs_m, mask=row_ok, other=float("inf"))
-    delta = tl.load(DELTA + row0 + offs_m, mask=row_ok, other=0.0)
     k_src = row_source(K + b * stride_kb + kvh * stride_kh, seqlen_k, stride_kn, stride_kd, BLOCK_N, BLOCK_D, HEAD_DIM, TMA)
     v_src = row_source(V + b * stride_vb + kvh * stride_vh, seqlen_k, stride_vn, stride_vd, BLOCK_N, BLOCK_D, HEAD_DIM, TMA)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)

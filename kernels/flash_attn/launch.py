@@ -7,6 +7,7 @@ nothing global changes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 import torch
@@ -88,9 +89,18 @@ LAUNCH_TABLE: dict[tuple[str, str, str], KernelConfig] = {
 }
 
 
+# Read once: kernels/__init__ sets TRITON_INTERPRET before Triton is imported, and Triton reads it
+# then too (a later change would not switch Triton over). Reading os.environ per launch cost ~10 µs.
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def interpreting() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1 at import)."""
+    return _INTERPRET
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # triton.cdiv is a jit function: calling it from Python costs ~20 µs
 
 
 def kernel_config(kernel: str, block_d: int, dtype: torch.dtype, causal: bool) -> KernelConfig:
@@ -102,11 +112,23 @@ def kernel_config(kernel: str, block_d: int, dtype: torch.dtype, causal: bool) -
     REVERSE; tiles are shared by both settings."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {', '.join(map(repr, KERNELS))}, got {kernel!r}")
+    return _table_config(kernel, block_d, dtype, causal, interpreting())
+
+
+# Host time matters as much as kernel time at short sequences (N=1024: a fwd+bwd is ~0.5 ms of GPU
+# work), so what depends only on the shape class is computed once: configs, constants, capability.
+@functools.lru_cache(maxsize=None)
+def _table_config(kernel: str, block_d: int, dtype: torch.dtype, causal: bool, interpret: bool) -> KernelConfig:
     head_dim_class = "d64" if block_d <= 64 else "d128" if block_d <= 128 else "d256"
     config = LAUNCH_TABLE[kernel, head_dim_class, "fp32" if dtype == torch.float32 else "16bit"]
-    if interpreting():
+    if interpret:
         config = KernelConfig(64, 64, REVERSE=config.REVERSE, TMA=config.TMA, TMA_DQ=config.TMA_DQ)
     return dataclasses.replace(config, REVERSE=causal and config.REVERSE)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -119,13 +141,12 @@ def tma_ok(*tensors: torch.Tensor) -> bool:
     each tensor: unit stride along head_dim, 16-byte aligned head starts and rows (TMA's rules),
     and a Hopper-or-newer GPU (or the interpreter, which emulates descriptors)."""
     device = tensors[0].device  # the launchers have checked that q, k, v share one device
-    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
+    if device.type == "cuda" and _capability(device)[0] < 9:
         return False
     for t in tensors:
+        *outer, row, last = t.stride()
         size = t.element_size()
-        if t.stride(-1) != 1 or t.data_ptr() % 16 or t.stride(-2) == 0:
-            return False
-        if any((stride * size) % 16 for stride in t.stride()[:-1]):
+        if last != 1 or row == 0 or t.data_ptr() % 16 or (row * size) % 16 or any((s * size) % 16 for s in outer):
             return False
     return True
 
@@ -161,12 +182,17 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 
 def _launch_args(q: torch.Tensor) -> dict:
-    block_d = max(16, triton.next_power_of_2(q.shape[-1]))  # tl.dot needs K >= 16
+    """The kernels' shape constants (a cached dict: callers only unpack it)."""
+    return _constants(q.shape[-1], q.dtype, interpreting(), torch.backends.cuda.matmul.allow_tf32)
+
+
+@functools.lru_cache(maxsize=None)
+def _constants(head_dim: int, dtype: torch.dtype, interpret: bool, allow_tf32: bool) -> dict:
     return dict(
-        HEAD_DIM=q.shape[-1],
-        BLOCK_D=block_d,
-        UPCAST=interpreting() and q.dtype == torch.bfloat16,
-        DOT_PRECISION=_dot_precision(q.dtype),
+        HEAD_DIM=head_dim,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),  # tl.dot needs K >= 16
+        UPCAST=interpret and dtype == torch.bfloat16,
+        DOT_PRECISION=_dot_precision(dtype),
     )
 
 
@@ -183,7 +209,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     consts = _launch_args(q)
     mask = resolve(causal, window_size, document_ids, seqlen_q, seqlen_k)
     cfg = config or kernel_config("fwd", consts["BLOCK_D"], q.dtype, mask.causal)
-    grid = (triton.cdiv(seqlen_q, cfg.BLOCK_M), heads_q, batch)
+    grid = (_cdiv(seqlen_q, cfg.BLOCK_M), heads_q, batch)
     fwd_kernel[grid](
         q, k, v, o, lse2, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E.value,
@@ -197,7 +223,7 @@ def backward_delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
     batch, heads_q, seqlen_q, head_dim = o.shape
     delta = torch.empty((batch, heads_q, seqlen_q), device=o.device, dtype=torch.float32)
     block_m = 64
-    bwd_preprocess_kernel[(triton.cdiv(seqlen_q, block_m), heads_q, batch)](
+    bwd_preprocess_kernel[(_cdiv(seqlen_q, block_m), heads_q, batch)](
         o, do, delta, *o.stride(), *do.stride(), heads_q, seqlen_q,
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=block_m,
     )
@@ -212,7 +238,7 @@ def _launch_key_blocks(do, q, k, v, lse2, delta, mask: KernelMask, scale: float,
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dq_args = (None,) * 5 if dq_acc is None else (dq_acc, *dq_acc.stride())
-    bwd_kv_kernel[(triton.cdiv(seqlen_k, cfg.BLOCK_N), heads_kv, batch)](
+    bwd_kv_kernel[(_cdiv(seqlen_k, cfg.BLOCK_N), heads_kv, batch)](
         q, k, v, do, lse2, delta, dk, dv, dq_args[0],
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *dq_args[1:],
         heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E.value, scale,
@@ -226,30 +252,31 @@ def _launch_key_blocks(do, q, k, v, lse2, delta, mask: KernelMask, scale: float,
 def backward_dkdv(do, q, k, v, lse2, delta, causal: bool, scale: float, config: KernelConfig | None = None,
                   window_size: tuple[int, int] = (-1, -1), document_ids: torch.Tensor | None = None,
                   tile_counter: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The deterministic schedule's first pass: dK, dV."""
+    """The deterministic schedule's second pass: dK, dV, from the delta the first one wrote."""
     consts = _launch_args(q)
     mask = resolve(causal, window_size, document_ids, q.shape[2], k.shape[2])
     cfg = config or kernel_config("bwd_dkdv", consts["BLOCK_D"], q.dtype, mask.causal)
     return _launch_key_blocks(do, q, k, v, lse2, delta, mask, scale, cfg, consts, None, tile_counter)
 
 
-def backward_dq(do, q, k, v, lse2, delta, causal: bool, scale: float, config: KernelConfig | None = None,
+def backward_dq(do, q, k, v, o, lse2, causal: bool, scale: float, config: KernelConfig | None = None,
                 window_size: tuple[int, int] = (-1, -1), document_ids: torch.Tensor | None = None,
-                tile_counter: torch.Tensor | None = None) -> torch.Tensor:
-    """The deterministic schedule's second pass: dQ."""
+                tile_counter: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The deterministic schedule's first pass: dQ, and delta (float32 (B, Hq, Nq)) for the second."""
     batch, heads_q, seqlen_q, _ = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     consts = _launch_args(q)
     mask = resolve(causal, window_size, document_ids, seqlen_q, seqlen_k)
     cfg = config or kernel_config("bwd_dq", consts["BLOCK_D"], q.dtype, mask.causal)
     dq = torch.empty_like(q)
-    bwd_dq_kernel[(triton.cdiv(seqlen_q, cfg.BLOCK_M), heads_q, batch)](
-        q, k, v, do, lse2, delta, dq,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+    delta = torch.empty((batch, heads_q, seqlen_q), device=q.device, dtype=torch.float32)
+    bwd_dq_kernel[(_cdiv(seqlen_q, cfg.BLOCK_M), heads_q, batch)](
+        q, k, v, o, do, lse2, delta, dq,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(), *do.stride(), *dq.stride(),
         heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E.value, scale,
         **mask.kernel_args(cfg.BLOCK_M, cfg.BLOCK_N, tile_counter), **cfg.launch_kwargs(k, v), **consts,
     )
-    return dq
+    return dq, delta
 
 
 def backward_fused(do, q, k, v, lse2, delta, causal: bool, scale: float, config: KernelConfig | None = None,
@@ -276,7 +303,7 @@ def fastest_schedule(q: torch.Tensor) -> str:
     shape measured (H200; no older GPU was measured, so they keep the schedule that needs no atomics)."""
     if interpreting():
         return "fused"
-    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] < 9:
+    if q.device.type != "cuda" or _capability(q.device)[0] < 9:
         return "two_pass"
     block_d = _launch_args(q)["BLOCK_D"]
     head_dim_class = "d64" if block_d <= 64 else "d128" if block_d <= 128 else "d256"
@@ -299,10 +326,9 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         raise ValueError(f"schedule must be one of {', '.join(map(repr, SCHEDULES))}, got {schedule!r}")
     if schedule == "fastest":
         schedule = fastest_schedule(q)
-    delta = backward_delta(o, do)
     masks = dict(window_size=window_size, document_ids=document_ids)
     if schedule == "fused":
-        return backward_fused(do, q, k, v, lse2, delta, causal, scale, **masks)
+        return backward_fused(do, q, k, v, lse2, backward_delta(o, do), causal, scale, **masks)
+    dq, delta = backward_dq(do, q, k, v, o, lse2, causal, scale, **masks)
     dk, dv = backward_dkdv(do, q, k, v, lse2, delta, causal, scale, **masks)
-    dq = backward_dq(do, q, k, v, lse2, delta, causal, scale, **masks)
     return dq, dk, dv

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import triton
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +67,7 @@ def resolve(causal: bool, window_size: tuple[int, int], document_ids: torch.Tens
 def _tile_min_max(ids: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(batch, tiles) min and max of the ids in each tile of `block` positions."""
     batch, seqlen = ids.shape
-    pad = triton.cdiv(seqlen, block) * block - seqlen
+    pad = -(-seqlen // block) * block - seqlen
     # pad with the last id: the padded positions do not exist, and repeating a real id keeps min/max
     tiles = torch.cat([ids, ids[:, -1:].expand(batch, pad)], 1).view(batch, -1, block)
     return tiles.amin(-1), tiles.amax(-1)

@@ -12,10 +12,9 @@ from typing import Callable, Iterator
 import pytest
 import torch
 
-from kernels import flash_attention
 from kernels.flash_attn import check_inputs, check_masks, launch
-from kernels.flash_attn.op import flash_attn_fwd
 from kernels.flash_attn.launch import KernelConfig
+from kernels.flash_attn.op import flash_attn_fwd
 from kernels.reference import attention_backward_reference, attention_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

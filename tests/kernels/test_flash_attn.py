@@ -5,7 +5,7 @@ attention computed in the input dtype, plus 1e-5.
 Runs through the Triton interpreter on a CPU (importing `kernels` switches it on) and compiled
 on a GPU. Fresh random inputs every run; every output buffer is poisoned with NaN first, so an
 element the kernel forgets to write fails the test. The single-pass backward
-(deterministic=False) is held to the same rule on a subset of the shapes.
+(schedule "fused") is held to the same rule on a subset of the shapes.
 """
 from __future__ import annotations
 
@@ -198,7 +198,8 @@ def test_deterministic_flag_picks_the_backward(monkeypatch, fastest):
         launcher = getattr(launch, name)
         monkeypatch.setattr(launch, name, lambda *a, _name=name, _launch=launcher, **kw: calls.append(_name) or _launch(*a, **kw))
     monkeypatch.setattr(launch, "fastest_schedule", lambda q: fastest)
-    two_pass, fast = ["backward_dkdv", "backward_dq"], ["backward_fused"] if fastest == "fused" else ["backward_dkdv", "backward_dq"]
+    two_pass = ["backward_dq", "backward_dkdv"]  # the dQ pass writes the delta the dK/dV pass reads
+    fast = ["backward_fused"] if fastest == "fused" else two_pass
     q, k, v = make_qkv(1, 2, 1, 20, 20, 16, torch.float32)
     before = torch.are_deterministic_algorithms_enabled()
     try:
@@ -214,9 +215,14 @@ def test_deterministic_flag_picks_the_backward(monkeypatch, fastest):
 
 def test_fastest_schedule_per_device(monkeypatch):
     q = torch.zeros(1, 1, 4, 64)
+    monkeypatch.setattr(launch, "interpreting", lambda: True)
     assert launch.fastest_schedule(q) == "fused"  # the interpreter: half the programs of the two passes
     monkeypatch.setattr(launch, "interpreting", lambda: False)
     assert launch.fastest_schedule(q) == "two_pass"  # a CPU tensor without the interpreter: no atomics race to win
+    if torch.cuda.is_available():  # a GPU: whatever FUSED_FASTER measured for this head dim and dtype
+        on_gpu = q.cuda().bfloat16()
+        fused = launch.FUSED_FASTER.get(("d64", "16bit"), False) and torch.cuda.get_device_capability()[0] >= 9
+        assert launch.fastest_schedule(on_gpu) == ("fused" if fused else "two_pass")
     with pytest.raises(ValueError, match="schedule must be one of 'two_pass', 'fused', 'fastest'"):
         launch.backward(q, q, q, q, q, q[..., 0], False, 1.0, schedule="single")
 
@@ -306,7 +312,7 @@ def test_tma_only_where_the_copy_engine_can_read():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="long sequences are GPU-only (the interpreter is slow)")
 @pytest.mark.parametrize("seqlen", [1024, 4095, 8192])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("schedule", ["two_pass", "fused"])  # fused: real concurrent atomics
+@pytest.mark.parametrize("schedule", ["two_pass", "fused"])  # fused: real concurrent atomics (TMA reduce-add on Hopper)
 def test_long_sequences_bf16_on_gpu(seqlen, causal, schedule):
     q, k, v = make_qkv(1, 4, 2, seqlen, seqlen, 64, torch.bfloat16)
     check_against_reference(q, k, v, causal, schedule=schedule)
@@ -377,9 +383,11 @@ def test_backward_equals_autograd_of_flash_attention(deterministic):
     out, lse = flash_attn_forward(q, k, v, causal=True)
     got = flash_attn_backward(do.to(q.dtype), q, k, v, out, lse, causal=True, deterministic=deterministic)
     assert torch.equal(out, want_out)
-    exact = 0 if deterministic or DEVICE == "cpu" else 1e-2  # the fused dQ's atomic adds on a GPU: bf16 last bits
+    # not bitwise: the public lse is in natural log and goes back to the kernels' base 2 (lse·log2 e),
+    # which can move P by a float32 ulp and a gradient by a bfloat16 one (the fused dQ's atomic adds
+    # on a GPU likewise); bf16's default tolerance of assert_close is about 2 of its ulps
     for name, a, b in zip(("dQ", "dK", "dV"), got, want):
-        torch.testing.assert_close(a, b, rtol=exact, atol=exact, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(a, b, msg=lambda m: f"{name}: {m}")
 
 
 @pytest.mark.parametrize(
