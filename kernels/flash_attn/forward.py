@@ -24,7 +24,15 @@ import triton
 import triton.language as tl
 
 from kernels.flash_attn.tiles import (
-    causal_bounds, clip_range, doc_ids, doc_tile_mixed, load_rows, mma_operand, positions_visible, row_source, tile_range,
+    causal_bounds,
+    clip_range,
+    doc_ids,
+    doc_tile_mixed,
+    load_rows,
+    mma_operand,
+    positions_visible,
+    row_source,
+    tile_range,
 )
 
 
