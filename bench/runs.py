@@ -11,6 +11,9 @@ from omegaconf import OmegaConf
 from bench.results import rounded
 from training.metrics import HYDRA_CONFIG, attention_label, find_runs, read_summary
 
+# NVLink multicast stays off for the GPU runs the scripts launch (the device docs: it can take a
+# shared host's GPUs down); torchrun's children inherit the environment, so setting it covers every rank.
+NCCL_SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 ROW_KEYS = ("attention", "seq_len", "model", "tokens_per_s", "step_ms", "peak_mem_gib", "mfu", "final_loss", "status", "run_dir")
 CONVENTION = (
     "tokens_per_s, step_ms: the trainer's median over steps after the first (summary perf/*); peak_mem_gib: "

@@ -45,7 +45,9 @@ class CausalSelfAttention(nn.Module):
         B, N, C = x.shape
         # (B, N, 3C) -> three (B, H, N, D) views; strided, which every attend() accepts.
         q, k, v = self.qkv(x).view(B, N, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
-        o = self.attend(q, k, v, causal=True, document_ids=document_ids)  # (B, H, N, D)
+        # document ids only when there are any: context parallelism's ring attends take (q, k, v, causal)
+        extra = {} if document_ids is None else {"document_ids": document_ids}
+        o = self.attend(q, k, v, causal=True, **extra)  # (B, H, N, D)
         return self.dropout(self.proj(o.transpose(1, 2).reshape(B, N, C)))
 
 
@@ -111,12 +113,17 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.wpe.weight.numel() if non_embedding else n
 
-    def forward(self, idx: Tensor, targets: Tensor | None = None, positions: Tensor | None = None,
-                document_ids: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self, idx: Tensor, targets: Tensor | None = None, positions: Tensor | None = None,
+        document_ids: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
         """Logits (B, N, vocab) for token ids (B, N); with targets, also the mean cross-entropy.
 
-        positions: LongTensor (N,) or (B, N), default 0..N−1 (restarting per document when
-        data.reset_positions); document_ids: (B, N), every attention then stays inside a document."""
+        `positions`: each token's position in its whole sequence, a LongTensor (N,) or (B, N); by
+        default 0..N-1. Context parallelism passes the global positions of this rank's tokens;
+        data.reset_positions restarts them at each document. `document_ids` (B, N): every attention
+        then stays inside a document (data.document_mask).
+        """
         n = idx.shape[1]
         if n > self.cfg.seq_len:
             raise ValueError(f"sequence of {n} tokens is longer than the model's seq_len={self.cfg.seq_len}")

@@ -139,6 +139,7 @@ class TrainConfig:
     compile: Union[bool, str] = MISSING
     device: str = MISSING
     parallel: str = MISSING
+    context_parallel: int = MISSING
     dist_timeout_s: float = MISSING
     seed: int = MISSING
     eval_every: int = MISSING

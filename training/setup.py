@@ -8,6 +8,7 @@ per step, FLOPs per token, the MFU denominator, the attention choice).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from training import distributed
 from training.batches import BatchInputs, document_inputs, no_inputs
 from training.checkpoint import resume
 from training.config import ConfigError, resolve_compile, resolve_device, resolve_dtype, validate_config
+from training.context_parallel import ContextParallel, Shard, setup_context_parallel, whole_sequences
 from training.distributed import DistInfo
 from training.metrics import attention_label
 from training.optim import build_optimizer
@@ -52,7 +54,13 @@ class Run:
     peak_flops: float | None
     derived: dict[str, Any] = field(default_factory=dict)
     dist: DistInfo = field(default_factory=DistInfo)  # this process's rank under torchrun
+    cp: ContextParallel | None = None  # context_parallel > 1: this rank's group and token split
     inputs: BatchInputs = no_inputs  # the model's extra inputs per batch (document ids, positions)
+
+    @property
+    def shard(self) -> Shard:
+        """What the loop wraps each micro-batch in: this rank's tokens of it."""
+        return self.cp.shard if self.cp else whole_sequences
 
 
 def build_model(cfg: DictConfig, tokenizer_vocab: int, device: torch.device) -> GPT:
@@ -96,6 +104,7 @@ def setup(cfg: DictConfig) -> Run:
     dist = distributed.from_env()
     distributed.quiet_logging(dist)  # ranks > 0: warnings and errors only, tagged with the rank
     validate_config(cfg, dist.world_size)
+    dist = dataclasses.replace(dist, cp=cfg.context_parallel)
     device = distributed.init(dist, resolve_device(cfg), cfg.dist_timeout_s)
     # Rank 0's run folder: the other ranks write nothing there, but read checkpoints from it.
     out_dir = Path(distributed.broadcast(str(cfg.out_dir)))
@@ -108,6 +117,7 @@ def setup(cfg: DictConfig) -> Run:
     except ValueError as err:  # corpus too small, missing files...: the user's to fix
         raise ConfigError(f"data={cfg.data.name}: {err}") from err
     model = build_model(cfg, ds.vocab_size, device)
+    cp = setup_context_parallel(cfg, dist.world_size, device, model) if dist.cp > 1 else None
     wrapped = wrap_model(model, cfg, device, dist)
     optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), device)
     start_step = resume(cfg, out_dir, model, optimizer) if cfg.resume else 0
@@ -121,7 +131,8 @@ def setup(cfg: DictConfig) -> Run:
         "vocab_size": model.cfg.vocab_size, "tokenizer_vocab": ds.vocab_size,
         "tokens_per_step": cfg.batch_size * cfg.seq_len, "ranks": dist.world_size,
         "parallel": cfg.parallel if dist.launched else "none",
-        "micro_batch": cfg.batch_size // (cfg.grad_accum * dist.world_size),  # per rank
+        "micro_batch": cfg.batch_size // (cfg.grad_accum * dist.dp_size),  # per rank
+        "context_parallel": dist.cp, "tokens_per_rank_sequence": cfg.seq_len // dist.cp,
         "flops_per_token": fpt, "mfu_convention": MFU_CONVENTION,
         "peak_flops": peak, "peak_flops_source": peak_source,
         "attention": attention_label(cfg), "device": str(device),
@@ -132,4 +143,4 @@ def setup(cfg: DictConfig) -> Run:
         "torch": torch.__version__, "start_step": start_step,
     }
     inputs = document_inputs(ds, cfg.data.document_mask, cfg.data.reset_positions)
-    return Run(cfg, out_dir, device, ds, model, wrapped, optimizer, autocast, start_step, fpt, peak, derived, dist, inputs)
+    return Run(cfg, out_dir, device, ds, model, wrapped, optimizer, autocast, start_step, fpt, peak, derived, dist, cp, inputs)

@@ -107,6 +107,9 @@ def test_experiments_show_their_command():
         (["data=synthetic", "data.document_mask=true"],
          "data.document_mask=true needs a tokenised corpus: synthetic ids hold no <|endoftext|> boundaries"),
         (["data.reset_positions=true"], "data.reset_positions=true needs data.document_mask=true"),
+        (["context_parallel=2", "attention.window=64"],
+         "context_parallel=2 runs the plain causal mask: set data.document_mask=false and attention.window=null"),
+        (["attention.deterministic=maybe"], "attention.deterministic must be auto, true or false (got 'maybe')"),
     ],
 )
 def test_invalid_values_name_the_field(overrides, message):

@@ -111,8 +111,8 @@ def poison(monkeypatch):
     def arm(kind: str, steps: set[int]) -> list[int]:
         forward, calls = GPT.forward, []
 
-        def poisoned(self, idx, targets=None):
-            logits, loss = forward(self, idx, targets)
+        def poisoned(self, idx, targets=None, positions=None):
+            logits, loss = forward(self, idx, targets, positions)
             if torch.is_grad_enabled() and idx.device.type != "meta":  # training: not evaluation, not FLOP counting
                 calls.append(len(calls) + 1)
                 if calls[-1] in steps:
