@@ -128,7 +128,7 @@ def run_row(run: Path) -> dict[str, Any] | None:
     # A run that ended before its summary has no rank count: the launch record says how many were meant.
     launched = json.loads((run / LAUNCH_FILE).read_text()) if (run / LAUNCH_FILE).exists() else {}
     gpus = int(summary.get("ranks") or launched.get("gpus") or 1)
-    tps = summary.get("perf/tokens_per_s")  # unrounded: the row's own value is rounded to 5 digits
+    tps = summary.get("final/tokens_per_s_median")  # unrounded: the row's own value is rounded to 5 digits
     row = {**base, "parallel": str(cfg.parallel) if gpus > 1 else "single", "gpus": gpus,
            "per_gpu_batch": int(cfg.batch_size) // gpus, "tokens_per_s_per_gpu": rounded(tps / gpus if tps else None),
            "scaling_efficiency": None}

@@ -272,12 +272,13 @@ def _final_numbers(run: Run, tally: _Tally, profiled: dict[str, Any]) -> dict[st
         summary["skipped_steps"] = tally.skipped
     if tally.times:
         steady = statistics.median(tally.times[1:] or tally.times)  # step 1 pays for compilation and warm-up
-        summary["perf/step_ms"] = 1e3 * steady
-        summary["perf/tokens_per_s"] = cfg.batch_size * cfg.seq_len / steady
+        # final/*: named apart from the per-step perf/* values (training/metrics.py)
+        summary["final/step_ms_median"] = 1e3 * steady
+        summary["final/tokens_per_s_median"] = cfg.batch_size * cfg.seq_len / steady
         if run.peak_flops:
-            summary["perf/mfu"] = mfu(summary["perf/tokens_per_s"], run.flops_per_token, run.peak_flops)
+            summary["final/mfu_median"] = mfu(summary["final/tokens_per_s_median"], run.flops_per_token, run.peak_flops)
         if device.type == "cuda":  # the fullest GPU's peak: ranks can differ (FSDP's root, rank 0's extras)
-            summary["perf/peak_mem_gib"] = distributed.maximum(torch.cuda.max_memory_allocated(device) / 2**30, device)
+            summary["final/peak_mem_gib"] = distributed.maximum(torch.cuda.max_memory_allocated(device) / 2**30, device)
     if profiled.get("attention_share") is not None:
         summary["profile/attention_share"] = profiled["attention_share"]
         summary["profile/attention_ms"] = profiled["attention_ms"]
@@ -290,11 +291,12 @@ def _log_step_flops(run: Run, metrics: MetricsLogger | NoMetrics) -> None:
     FlopCounterMode on a shapes-only copy of the model, so the backward's recomputation shows."""
     attend = run.cp.local_attend if run.cp else run.raw_model.blocks[0].attn.attend  # the whole step as on one process
     flops = count_step_flops(run.raw_model.cfg, attend, run.cfg.batch_size)
-    metrics.log(run.start_step, flops)
+    metrics.log_constants(run.start_step, flops)
     log.info(
-        "FLOPs per step: model fwd %.3g bwd %.3g | attention fwd %.3g bwd %.3g (analytic %.3g / %.3g), "
+        "FLOPs per step: model fwd %.3g bwd %.3g | attention executed fwd %.3g bwd %.3g (algorithmic %.3g / %.3g), "
         "recompute %.3g = %.1f%% of the step",
-        flops["flops/model_fwd"], flops["flops/model_bwd"], flops["flops/attn_fwd"], flops["flops/attn_bwd"],
-        flops["flops/attn_fwd_analytic"], flops["flops/attn_bwd_analytic"], flops["flops/attn_recompute"],
+        flops["flops/model_fwd"], flops["flops/model_bwd"], flops["flops/attn_fwd_executed"],
+        flops["flops/attn_bwd_executed"], flops["flops/attn_fwd_algorithmic"], flops["flops/attn_bwd_algorithmic"],
+        flops["flops/attn_recompute"],
         100 * flops["flops/attn_recompute_share"],
     )

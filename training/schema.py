@@ -111,6 +111,7 @@ class WandbLogger:
     mode: str = MISSING
     group: Optional[str] = MISSING
     tags: list[str] = MISSING
+    quiet: bool = MISSING
 
 
 @dataclass

@@ -45,7 +45,7 @@ def test_dry_run_prints_one_command_per_rung(capsys, tmp_path):
 
 def test_report_rows_efficiency_and_frontier(tmp_path):
     def run(attention, cp, seq_len, tokens_per_s=None, status="ok"):
-        summary = {**OK, "status": status, "perf/tokens_per_s": tokens_per_s, "ranks": cp}
+        summary = {**OK, "status": status, "final/tokens_per_s_median": tokens_per_s, "ranks": cp}
         fake_run(tmp_path, f"{attention}-cp{cp}-n{seq_len}", attention, seq_len, summary, context_parallel=cp)
 
     run("flash", 1, 8192, 100_000.0)
