@@ -41,11 +41,13 @@ class CausalSelfAttention(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.attend = attend
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, document_ids: Tensor | None = None) -> Tensor:
         B, N, C = x.shape
         # (B, N, 3C) -> three (B, H, N, D) views; strided, which every attend() accepts.
         q, k, v = self.qkv(x).view(B, N, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
-        o = self.attend(q, k, v, causal=True)  # (B, H, N, D)
+        # document ids only when there are any: context parallelism's ring attends take (q, k, v, causal)
+        extra = {} if document_ids is None else {"document_ids": document_ids}
+        o = self.attend(q, k, v, causal=True, **extra)  # (B, H, N, D)
         return self.dropout(self.proj(o.transpose(1, 2).reshape(B, N, C)))
 
 
@@ -68,8 +70,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x))  # pre-LN: normalise the branch input, keep the residual raw
+    def forward(self, x: Tensor, document_ids: Tensor | None = None) -> Tensor:
+        x = x + self.attn(self.ln_1(x), document_ids)  # pre-LN: normalise the branch input, keep the residual raw
         return x + self.mlp(self.ln_2(x))
 
 
@@ -112,12 +114,15 @@ class GPT(nn.Module):
         return n - self.wpe.weight.numel() if non_embedding else n
 
     def forward(
-        self, idx: Tensor, targets: Tensor | None = None, positions: Tensor | None = None
+        self, idx: Tensor, targets: Tensor | None = None, positions: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Logits (B, N, vocab) for token ids (B, N); with targets, also the mean cross-entropy.
 
         `positions`: each token's position in its whole sequence, a LongTensor (N,) or (B, N); by
-        default 0..N-1. Context parallelism passes the global positions of this rank's tokens.
+        default 0..N-1. Context parallelism passes the global positions of this rank's tokens;
+        data.reset_positions restarts them at each document. `document_ids` (B, N): every attention
+        then stays inside a document (data.document_mask).
         """
         n = idx.shape[1]
         if n > self.cfg.seq_len:
@@ -125,7 +130,7 @@ class GPT(nn.Module):
         pos = torch.arange(n, device=idx.device) if positions is None else positions
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, N, C)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, document_ids)
         logits = self.lm_head(self.ln_f(x))  # (B, N, V)
         if targets is None:
             return logits, None

@@ -27,7 +27,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from data.files import atomic_write
 from model.flops import count_step_flops, mfu
 from training import distributed
-from training.batches import get_batch, micro_batches
+from training.batches import BatchInputs, get_batch, micro_batches, no_inputs
 from training.checkpoint import CHECKPOINT_NAME, save_checkpoint
 from training.config import resolve_dtype
 from training.console import oom_message, short, start_banner, step_line
@@ -64,11 +64,13 @@ def train_step(
     grad_clip: float,
     autocast: Callable[[], contextlib.AbstractContextManager],
     shard: Shard = whole_sequences,
+    inputs: BatchInputs = no_inputs,
     phase: Callable[[str], None] = lambda text: None,
 ) -> float:
     """One optimizer step over `grad_accum` micro-batches; returns their mean loss. `shard` gives each
-    micro-batch's tokens to this rank (context parallelism: its share of every sequence). `phase` is
-    told what the step starts doing next (training/progress.py reports it while a step runs long)."""
+    micro-batch's tokens to this rank (context parallelism: its share of every sequence); `inputs`
+    the model's extra inputs for a batch (document ids, positions: training.batches.document_inputs).
+    `phase` is told what the step starts doing next (training/progress.py reports it while a step runs long)."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     total = torch.zeros((), device=next(model.parameters()).device)
@@ -78,7 +80,7 @@ def train_step(
         with distributed.grad_sync(model, sync=i == grad_accum - 1), shard(x, y) as (x, y, positions):
             phase(f"micro-batch {i + 1}/{grad_accum} forward")
             with autocast():
-                _, loss = model(x, y, positions)
+                _, loss = model(x, y, **{"positions": positions, **inputs(x)})
             phase(f"micro-batch {i + 1}/{grad_accum} backward")
             # Divide so the accumulated gradient is the mean over the whole batch.
             (loss / grad_accum).backward()
@@ -111,6 +113,7 @@ def evaluate(
     model: nn.Module, ds: Any, eval_steps: int, batch_size: int, device: torch.device,
     autocast: Callable[[], contextlib.AbstractContextManager], dist: DistInfo = DistInfo(),
     shard: Shard = whole_sequences,
+    inputs: BatchInputs = no_inputs,
 ) -> float:
     """Mean validation loss over the first `eval_steps` val batches (the same ones every time).
 
@@ -125,7 +128,7 @@ def evaluate(
     for i in range(eval_steps):
         x, y = get_batch(ds, "val", batch_size, i, device, rows)
         with shard(x, y) as (x, y, positions), autocast():
-            losses.append(model(x, y, positions)[1])
+            losses.append(model(x, y, **{"positions": positions, **inputs(x)})[1])
     model.train()
     return distributed.mean(torch.stack(losses).mean().item(), device)
 
@@ -211,7 +214,7 @@ def _loop(run: Run, metrics: MetricsLogger | NoMetrics) -> dict[str, Any]:
                 if (cfg.eval_every and tally.done % cfg.eval_every == 0) or tally.done == cfg.steps:
                     eval_batch = cfg.batch_size // cfg.grad_accum  # what one process would evaluate at a time; ranks split it
                     row["val/loss"] = evaluate(run.model, run.ds, cfg.eval_steps, eval_batch, run.device, run.autocast,
-                                               run.dist, run.shard)
+                                               run.dist, run.shard, run.inputs)
                     tally.val = (tally.done, row["val/loss"])
                 metrics.log(tally.done, row)
                 bar.set_postfix_str(step_line(row), refresh=False)
@@ -245,7 +248,7 @@ def _step(run: Run, step: int, tally: _Tally, phase: Callable[[str], None] = lam
     lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps)
     try:
         loss = train_step(run.model, run.optimizer, batches, cfg.grad_accum, lr, cfg.grad_clip, run.autocast, run.shard,
-                          phase)
+                          run.inputs, phase)
     except NonFiniteStep as bad:
         bad.step = step + 1
         if not cfg.skip_nonfinite_steps:
