@@ -124,7 +124,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     log.info("derived: %s", ", ".join(f"{k}={v}" for k, v in run.derived.items()))
     metrics = MetricsLogger(cfg, run.out_dir, run.derived) if run.dist.is_main else NoMetrics()
     _log_step_flops(run, metrics)
-    summary: dict[str, Any] = {"status": "ok"}
+    # Known before the first step, so an out-of-memory summary has them too: whether the backward
+    # reruns the blocks, and what training/memory.py expected the step to need.
+    summary: dict[str, Any] = {"status": "ok", "checkpointing": run.derived["checkpointing"],
+                               "memory/estimated_gib": run.derived["estimated_step_gib"]}
     try:
         summary.update(_loop(run, metrics))
     except NonFiniteStep as bad:
@@ -137,7 +140,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         )
         summary.update(status="nonfinite", error=f"step {bad.step}: {bad}")
     except torch.OutOfMemoryError:
-        log.error("%s", oom_message(cfg, run.derived["micro_batch"], resolve_dtype(cfg, run.device), run.device))
+        dtype = resolve_dtype(cfg, run.device)
+        log.error("%s", oom_message(cfg, run.derived["micro_batch"], dtype, run.device, run.raw_model.checkpointing))
         error = f"CUDA out of memory (attention={cfg.attention.name}, seq_len={cfg.seq_len}, batch_size={cfg.batch_size})"
         summary.update(status="oom", error=error)
     except BaseException as err:  # still close the logs, marked as failed, then let it propagate
@@ -232,6 +236,7 @@ def _step_metrics(run: Run, loss: float, lr: float, dt: float) -> dict[str, floa
     row = {"train/loss": loss, "lr": lr, "perf/step_ms": 1e3 * dt, "perf/tokens_per_s": tokens_per_s}
     if run.peak_flops:
         row["perf/mfu"] = mfu(tokens_per_s, run.flops_per_token, run.peak_flops)
+        row["perf/hfu"] = mfu(tokens_per_s, run.hardware_flops_per_token, run.peak_flops)  # recompute included
     if run.device.type == "cuda":  # the run's peak so far: weights, optimizer state, activations
         row["perf/peak_mem_gib"] = torch.cuda.max_memory_allocated(run.device) / 2**30
     return row
@@ -266,6 +271,7 @@ def _final_numbers(run: Run, tally: _Tally, profiled: dict[str, Any]) -> dict[st
         summary["perf/tokens_per_s"] = cfg.batch_size * cfg.seq_len / steady
         if run.peak_flops:
             summary["perf/mfu"] = mfu(summary["perf/tokens_per_s"], run.flops_per_token, run.peak_flops)
+            summary["perf/hfu"] = mfu(summary["perf/tokens_per_s"], run.hardware_flops_per_token, run.peak_flops)
         if device.type == "cuda":  # the fullest GPU's peak: ranks can differ (FSDP's root, rank 0's extras)
             summary["perf/peak_mem_gib"] = distributed.maximum(torch.cuda.max_memory_allocated(device) / 2**30, device)
     if profiled.get("attention_share") is not None:
@@ -278,7 +284,8 @@ def _final_numbers(run: Run, tally: _Tally, profiled: dict[str, Any]) -> dict[st
 def _log_step_flops(run: Run, metrics: MetricsLogger | NoMetrics) -> None:
     """FLOPs of one optimizer step split into model/attention and forward/backward, counted by
     FlopCounterMode on a shapes-only copy of the model, so the backward's recomputation shows."""
-    flops = count_step_flops(run.raw_model.cfg, run.raw_model.blocks[0].attn.attend, run.cfg.batch_size)
+    model = run.raw_model
+    flops = count_step_flops(model.cfg, model.blocks[0].attn.attend, run.cfg.batch_size, model.checkpointing, model.loss_chunk)
     metrics.log(run.start_step, flops)
     log.info(
         "FLOPs per step: model fwd %.3g bwd %.3g | attention fwd %.3g bwd %.3g (analytic %.3g / %.3g), "
