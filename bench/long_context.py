@@ -29,7 +29,7 @@ ATTENTIONS = ("naive", "sdpa", "flash")
 CHECKPOINTING = ("none", "blocks")
 SEQ_LENS = (8192, 16384, 32768, 65536, 131072, 262144)
 ROW_KEYS = ("attention", "seq_len", "checkpointing", "position", "status", "tokens_per_s", "step_ms", "peak_mem_gib",
-            "attention_share", "mfu", "hfu", "estimated_gib", "final_loss", "seconds", "note", "run_dir")
+            "attention_share", "mfu", "hfu", "estimated_gib", "loss_chunk", "final_loss", "seconds", "note", "run_dir")
 KEPT_STATUS = ("ok", "oom")  # rows a continued sweep does not measure again
 CONVENTION = (
     "one `train.py experiment=long-context` run per point (batch 1, bf16, compiled on CUDA), in its own process; "
@@ -80,7 +80,7 @@ def train_command(point: Point, args: argparse.Namespace, run_dir: Path) -> list
         "experiment=long-context", f"model={args.model}", f"attention={point.attention}", f"seq_len={point.seq_len}",
         "batch_size=1", "grad_accum=1", f"checkpointing={point.checkpointing}", f"model.position={point.position}",
         f"data={args.data}", f"steps={args.steps}", "warmup_steps=1", "eval_every=0", "eval_steps=1", "ckpt_every=0",
-        "log_every=1", "logger=none", "profile=true", f"hydra.run.dir={run_dir}", *args.overrides,
+        "log_every=1", "logger=none", f"profile={str(args.profile).lower()}", f"hydra.run.dir={run_dir}", *args.overrides,
     ]
     return [sys.executable, str(ROOT / "train.py"), *overrides]
 
@@ -105,7 +105,7 @@ def point_row(point: Point, run_dir: Path, timed_out: bool = False, seconds: flo
         "tokens_per_s": summary.get("perf/tokens_per_s"), "step_ms": summary.get("perf/step_ms"),
         "peak_mem_gib": summary.get("perf/peak_mem_gib"), "attention_share": share,
         "mfu": summary.get("perf/mfu"), "hfu": summary.get("perf/hfu"),
-        "estimated_gib": summary.get("memory/estimated_gib"),
+        "estimated_gib": summary.get("memory/estimated_gib"), "loss_chunk": summary.get("loss_chunk"),
         "final_loss": summary.get("final/val_loss", summary.get("final/train_loss")),
         "seconds": seconds, "note": note, "run_dir": str(run_dir),
     }
@@ -151,7 +151,9 @@ def sweep(args: argparse.Namespace, meta: dict[str, Any], runner: Callable[..., 
           ) -> list[dict[str, Any]]:
     """Measure every point not already in args.out (unless --redo), writing the file after each."""
     # Every row of the file stays in it (other lines', other seq_lens'); --redo measures this command's points again.
-    rows = {key(r): r for r in read_results(args.out)["rows"]} if args.out.exists() else {}
+    before = read_results(args.out) if args.out.exists() else {"meta": {}, "rows": []}
+    rows = {key(r): r for r in before["rows"]}
+    meta = {**meta, "commands": [*before["meta"].get("commands", []), meta.get("command")]}  # every piece of the sweep
     done = set() if args.redo else {k for k, r in rows.items() if r["status"] in KEPT_STATUS}
     if done:
         print(f"keeping {len(done)} measured point(s) from {args.out} (--redo measures them again)", flush=True)

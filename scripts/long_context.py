@@ -6,6 +6,8 @@ checkpointing off and on, which seq_len in 8K..256K trains at batch 1, at what s
     python scripts/long_context.py --position learned rope --seq-lens 32768 65536 --checkpointing none
     python scripts/long_context.py --out docs/results/long_context.json --plot docs/long_context.png
     python scripts/long_context.py --quick                           # CPU smoke run: tiny model, seq_len 32 and 64
+    python scripts/long_context.py --no-profile --steps 3            # faster: no attention share
+    python scripts/long_context.py --dry-run                         # print each point's train.py command
     python scripts/long_context.py --train data=stdlib               # everything after --train goes to train.py
 
 Each point is `python train.py experiment=long-context attention=A seq_len=N checkpointing=C
@@ -26,7 +28,7 @@ from pathlib import Path
 import torch
 
 from bench.cli import fill_defaults
-from bench.long_context import ATTENTIONS, CHECKPOINTING, CONVENTION, SEQ_LENS, frontier, render, sweep
+from bench.long_context import ATTENTIONS, CHECKPOINTING, CONVENTION, SEQ_LENS, frontier, points, render, sweep, train_command
 from bench.plots import plot_long_context
 from bench.results import default_out, output_dir, run_meta
 from model.gpt import POSITIONS
@@ -49,11 +51,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seq-lens", nargs="+", type=int, help=f"default: {' '.join(map(str, SEQ_LENS))}")
     p.add_argument("--model", help="model preset (default gpt2-medium)")
     p.add_argument("--steps", type=int, help="steps per point: the first compiles, 3 of the others are profiled (default 5)")
+    p.add_argument("--no-profile", dest="profile", action="store_false",
+                   help="no profiler (attention_share stays null); then 2 steps are enough")
     p.add_argument("--data", help="data preset (default synthetic: speed and memory only, no tokenizer to build)")
     p.add_argument("--timeout-s", type=float, help="a point running longer is stopped: status timeout (default 1800)")
     p.add_argument("--quick", action="store_true", help="CPU smoke run: tiny model, seq_len 32 and 64, sdpa")
     p.add_argument("--no-skip", action="store_true", help="also run the seq_lens above a line's first out-of-memory")
     p.add_argument("--redo", action="store_true", help="measure again the points already in --out")
+    p.add_argument("--dry-run", action="store_true", help="print each point's train.py command, run nothing")
     p.add_argument("--out", type=Path, help=f"result JSON (default {default_out(SCRIPT, 'long_context.json')})")
     p.add_argument("--plot", type=Path, help="the plot (default: long_context.png beside --out)")
     p.add_argument("--runs-dir", type=Path, help=f"the points' run folders (default {output_dir(SCRIPT) / 'runs'})")
@@ -62,8 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = fill_defaults(p, p.parse_args(argv), DEFAULTS, QUICK)
     if args.quick:
         args.overrides = [*QUICK_TRAIN, *args.overrides]
-    if args.steps < 5:  # profile=true traces steps 3-5 for the attention share
-        p.error(f"--steps must be at least 5 (got {args.steps}): steps 3-5 are profiled for the attention share")
+    if args.steps < (5 if args.profile else 2):  # profile=true traces steps 3-5; the median skips step 1 (compilation)
+        p.error(f"--steps must be at least 5 with the profiler (steps 3-5 are profiled), 2 without (got {args.steps})")
     args.out = args.out or default_out(SCRIPT, "long_context.json")
     args.plot = args.plot or args.out.with_name("long_context.png")
     args.runs_dir = args.runs_dir or output_dir(SCRIPT) / "runs"
@@ -72,6 +77,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.dry_run:
+        for point in points(args):
+            print(" ".join(train_command(point, args, args.runs_dir / point.name)))
+        return 0
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     gpu_gib = torch.cuda.get_device_properties(device).total_memory / 2**30 if device.type == "cuda" else None
     meta = run_meta(device, CONVENTION, model=args.model, steps=args.steps, data=args.data,

@@ -127,7 +127,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # Known before the first step, so an out-of-memory summary has them too: whether the backward
     # reruns the blocks, and what training/memory.py expected the step to need.
     summary: dict[str, Any] = {"status": "ok", "checkpointing": run.derived["checkpointing"],
-                               "memory/estimated_gib": run.derived["estimated_step_gib"]}
+                               "loss_chunk": cfg.loss_chunk, "memory/estimated_gib": run.derived["estimated_step_gib"]}
     try:
         summary.update(_loop(run, metrics))
     except NonFiniteStep as bad:

@@ -24,7 +24,6 @@ SCRIPTS = {
                     "--kernels"], {"tune_flash.json"}),
     "compare_runs": (["runs"], {"train_sweep.json", "train_sweep.png"}),
     "scaling": (["report", "runs"], {"scaling.json"}),
-    "long_context": (["--quick", "--seq-lens", "32", "--checkpointing", "blocks"], {"long_context.json", "long_context.png", "runs"}),
 }
 
 

@@ -1,8 +1,9 @@
-"""bench/long_context.py and scripts/long_context.py: rows from run folders (ok, oom, a process that died,
-a timeout), the sweep's skip and continue rules with a stand-in runner, the plot. A real --quick point
-(one train.py process) runs in tests/bench/test_default_outputs.py."""
+"""bench/long_context.py and scripts/long_context.py: one real --quick point (a train.py process) into the
+default output folder, rows from run folders (ok, oom, a process that died, a timeout), the sweep's skip
+and continue rules with a stand-in runner, the plot."""
 
 import json
+from datetime import date
 
 import pytest
 
@@ -12,7 +13,7 @@ from scripts import long_context as script
 
 OK = {"status": "ok", "perf/tokens_per_s": 31_100.0, "perf/step_ms": 2107.0, "perf/peak_mem_gib": 78.4,
       "profile/attention_share": 0.61, "perf/mfu": 0.35, "perf/hfu": 0.41, "memory/estimated_gib": 95.0,
-      "checkpointing": "none", "final/val_loss": 7.1}
+      "checkpointing": "none", "loss_chunk": 4096, "final/val_loss": 7.1}
 
 
 def run_folder(tmp_path, name, summary=None, output=""):
@@ -24,12 +25,28 @@ def run_folder(tmp_path, name, summary=None, output=""):
     return run
 
 
+@pytest.mark.slow
+def test_a_quick_point_trains_in_its_own_process_and_lands_in_the_default_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # default outputs are relative to the current folder, never the repository
+    assert script.main(["--quick", "--seq-lens", "64", "--checkpointing", "blocks"]) == 0
+    out_dir = tmp_path / "outputs" / "bench" / date.today().isoformat() / "long_context"
+    data = read_results(out_dir / "long_context.json")
+    [row] = data["rows"]
+    assert (row["attention"], row["seq_len"], row["checkpointing"], row["position"], row["status"]) == ("sdpa", 64, "blocks", "rope", "ok")
+    assert row["tokens_per_s"] > 0 and row["step_ms"] > 0 and 0 < row["attention_share"] < 1 and row["estimated_gib"] > 0
+    assert row["peak_mem_gib"] is None and row["hfu"] is None  # CPU: no GPU memory, no peak FLOP/s
+    assert (out_dir / "long_context.png").exists() and (out_dir / "runs" / "sdpa-blocks-rope-n64" / "train.log").exists()
+    assert "checkpointing=blocks: activation checkpointing on" in (out_dir / "runs" / "sdpa-blocks-rope-n64" / "train.log").read_text()
+    assert data["meta"]["model"] == "tiny" and "device=cpu" in data["meta"]["train_overrides"]
+    assert "64 / -" in capsys.readouterr().out  # the frontier line: trained at 64, no out-of-memory
+
+
 def test_rows_from_run_folders(tmp_path):
     point = lc.Point("flash", 65536, "none", "rope")
     ok = lc.point_row(point, run_folder(tmp_path, "ok", OK), seconds=95.3)
     assert tuple(ok) == lc.ROW_KEYS
-    assert (ok["status"], ok["tokens_per_s"], ok["peak_mem_gib"], ok["attention_share"], ok["hfu"], ok["estimated_gib"]) == \
-        ("ok", 31_100, 78.4, 0.61, 0.41, 95.0)
+    assert (ok["status"], ok["tokens_per_s"], ok["peak_mem_gib"], ok["attention_share"], ok["hfu"], ok["estimated_gib"],
+            ok["loss_chunk"]) == ("ok", 31_100, 78.4, 0.61, 0.41, 95.0, 4096)
     oom = lc.point_row(point, run_folder(tmp_path, "oom", {"status": "oom", "error": "CUDA out of memory (...)"}))
     assert oom["status"] == "oom" and oom["tokens_per_s"] is None and oom["note"] is None
     died = run_folder(tmp_path, "died", None, "...\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 26.00 GiB\n")
@@ -55,6 +72,8 @@ def test_each_point_is_one_long_context_train_run(tmp_path):
     assert quick.model == "tiny" and quick.seq_lens == [32, 64] and "device=cpu" in quick.overrides
     with pytest.raises(SystemExit):
         script.parse_args(["--steps", "3"])  # the profiler needs steps 3-5
+    fast = script.parse_args(["--steps", "3", "--no-profile"])
+    assert "profile=false" in lc.train_command(lc.points(fast)[0], fast, tmp_path)
 
 
 def test_sweep_skips_past_an_oom_writes_every_point_and_continues(tmp_path, capsys):
@@ -82,7 +101,7 @@ def test_sweep_skips_past_an_oom_writes_every_point_and_continues(tmp_path, caps
         ("naive", 8192, "ok"), ("naive", 16384, "oom"), ("naive", 32768, "skipped"),
         ("flash", 8192, "ok"), ("flash", 16384, "ok"), ("flash", 32768, "ok")]
     assert "16384 of this line already ran out of memory" in rows[2]["note"]
-    assert read_results(out) == {"meta": meta, "rows": rows}
+    assert read_results(out) == {"meta": {**meta, "commands": [None]}, "rows": rows}
     assert lc.frontier(rows)[0] == {"attention": "naive", "checkpointing": "none", "position": "rope",
                                     "longest_ok": 8192, "first_oom": 16384}
 
@@ -91,6 +110,7 @@ def test_sweep_skips_past_an_oom_writes_every_point_and_continues(tmp_path, caps
     more = lc.sweep(script.parse_args([*argv, "--checkpointing", "blocks", "--attention", "flash"]), meta, runner)
     assert len(more) == 9 and len(ran) == 3
     assert "keeping 5 measured point(s)" in capsys.readouterr().out
+    assert read_results(out)["meta"]["commands"] == [None, None, None]  # one per piece of the sweep
     ran.clear()
     redone = lc.sweep(script.parse_args([*argv, "--redo", "--attention", "flash"]), meta, runner)
     assert len(ran) == 3 and len(redone) == 9  # the other lines' rows stay

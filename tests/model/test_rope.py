@@ -129,20 +129,20 @@ def test_rope_model_matches_its_float64_copy(name):
 
 @pytest.mark.parametrize("name", ["naive", "sdpa", "flash"])
 def test_rope_model_trains_under_each_attention(name):
-    """Six AdamW steps on a learnable pattern (token t is mostly followed by succ[t]) take the loss
-    well below its start near log(48) = 3.9, under each attention."""
+    """Six AdamW steps on one batch of a learnable pattern (token t mostly followed by succ[t]): the
+    loss falls at every step, from near log(48) = 3.9 to more than 1 below it, under each attention."""
     from conftest import PatternDataset
 
     torch.manual_seed(0)
-    ds = PatternDataset(seq_len=16)
+    x, y = PatternDataset(seq_len=16).sample_batch("train", 2, 0)
     model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=32, vocab_size=48, seq_len=16, position="rope"), get_attention(name))
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
-    for step in range(6):
-        x, y = ds.sample_batch("train", 4, step)
+    for _ in range(6):
         loss = model(x, y)[1]
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    assert losses[0] > 3.5 and losses[-1] < losses[0] - 0.6, losses
+    assert losses[0] > 3.5 and losses[-1] < losses[0] - 1.0, losses
+    assert all(b < a for a, b in zip(losses, losses[1:])), losses
