@@ -1,11 +1,13 @@
 """The attention implementations the scripts compare, by name.
 
-naive, sdpa*, flash and flash_fused are the trainer's own (model/attention.py), so the benchmarks
+naive, sdpa*, flash and flash_two_pass are the trainer's own (model/attention.py), so the benchmarks
 measure exactly what `train.py attention=...` runs; flex is benchmark-only.
 
     naive           QKᵀ, scale, causal mask, softmax, @V in the input dtype: the paper's "standard attention"
-    flash           ours, kernels/flash_attn (Triton), deterministic two-pass backward
-    flash_fused     ours with the single-pass atomic-dQ backward (attention=flash attention.deterministic=false)
+    flash           ours, kernels/flash_attn (Triton), as `attention=flash` runs it by default: the
+                    backward's fastest exact schedule (kernels.flash_attn.launch.fastest_schedule)
+    flash_two_pass  ours with the deterministic two-pass backward (attention.deterministic=true)
+    flash_fused     ours with the single-pass backward forced (dQ by atomic adds; TMA reduce-add on Hopper)
     sdpa            torch scaled_dot_product_attention, PyTorch's own backend choice
     sdpa_cudnn, sdpa_flash, sdpa_efficient, sdpa_math   SDPA pinned to one backend (sdpa_kernel)
     flex            torch FlexAttention under torch.compile; causal through a block mask
@@ -24,7 +26,7 @@ from model.attention import get_attention
 AttnFn = Callable[[Tensor, Tensor, Tensor, bool], Tensor]
 
 SDPA_PINNED = {"sdpa_cudnn": "cudnn", "sdpa_flash": "flash", "sdpa_efficient": "efficient", "sdpa_math": "math"}
-IMPL_NAMES = ("naive", "flash", "flash_fused", "sdpa", *SDPA_PINNED, "flex")
+IMPL_NAMES = ("naive", "flash", "flash_two_pass", "flash_fused", "sdpa", *SDPA_PINNED, "flex")
 
 # How many compiled FlexAttention variants (one per shape: compiled with dynamic=False, as
 # FlexAttention is normally benchmarked) dynamo may keep before it silently falls back to eager.
@@ -66,9 +68,18 @@ def make_impl(name: str) -> AttnFn:
         return get_attention("sdpa", backend=SDPA_PINNED[name])
     if name == "flex":
         return _flex()
+    if name == "flash_two_pass":
+        return get_attention("flash", deterministic=True)
     if name == "flash_fused":
-        return get_attention("flash", deterministic=False)
+        return _flash_fused
     return get_attention(name)
+
+
+def _flash_fused(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
+    # the op itself, because the public function only offers "deterministic" or "fastest"
+    from kernels.flash_attn.op import flash_attn_fwd
+
+    return flash_attn_fwd(q, k, v, causal, q.shape[-1] ** -0.5, "fused")[0]
 
 
 def default_impls(device: torch.device) -> list[str]:

@@ -102,9 +102,9 @@ def point_row(point: Point, run_dir: Path, timed_out: bool = False, seconds: flo
     row = {
         "attention": point.attention, "seq_len": point.seq_len, "checkpointing": point.checkpointing,
         "position": point.position, "status": status,
-        "tokens_per_s": summary.get("perf/tokens_per_s"), "step_ms": summary.get("perf/step_ms"),
-        "peak_mem_gib": summary.get("perf/peak_mem_gib"), "attention_share": share,
-        "mfu": summary.get("perf/mfu"), "hfu": summary.get("perf/hfu"),
+        "tokens_per_s": summary.get("final/tokens_per_s_median"), "step_ms": summary.get("final/step_ms_median"),
+        "peak_mem_gib": summary.get("final/peak_mem_gib"), "attention_share": share,
+        "mfu": summary.get("final/mfu_median"), "hfu": summary.get("final/hfu_median"),
         "estimated_gib": summary.get("memory/estimated_gib"), "loss_chunk": summary.get("loss_chunk"),
         "final_loss": summary.get("final/val_loss", summary.get("final/train_loss")),
         "seconds": seconds, "note": note, "run_dir": str(run_dir),

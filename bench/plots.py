@@ -1,5 +1,5 @@
 """The figures: the attention sweep (time, memory, TFLOP/s vs seqlen) and a training sweep
-(tokens/s and peak memory vs seq_len)."""
+(tokens/s and peak memory vs seq_len, loss vs tokens)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.impls import IMPL_NAMES
-from bench.runs import attention_order
+from bench.runs import attention_order, loss_curve
 
 
 def pyplot():
@@ -100,36 +100,62 @@ def _plot_panel(ax, panel, impls, colors, value, logy: bool, reference_slopes: b
 
 
 def plot_train_sweep(rows: list[dict[str, Any]], path: Path) -> Path:
-    """tokens/s and peak memory vs seq_len, one line per attention; an x on the axis marks OOM."""
+    """tokens/s and peak memory vs seq_len, one line per attention (an x on the axis marks OOM), and
+    the loss curves (train loss vs tokens, one line per run; dots: val loss). The memory panel is left
+    out when no run measured memory (CPU)."""
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     models = sorted({r["model"] for r in rows})
     lines = [(m, a) for m in models for a in attention_order(rows)]
-    for i, (model, attn) in enumerate(lines):
-        mine = sorted((r for r in rows if (r["model"], r["attention"]) == (model, attn)), key=lambda r: r["seq_len"])
-        color, attn = f"C{i % 10}", attn if len(models) == 1 else f"{attn} ({model})"
-        for ax, key in zip(axes, ("tokens_per_s", "peak_mem_gib")):
+    colors = {line: f"C{i % 10}" for i, line in enumerate(lines)}  # one color per attention in every panel
+    label = {line: line[1] if len(models) == 1 else f"{line[1]} ({line[0]})" for line in lines}
+    panels = [("tokens_per_s", "tokens / s")]
+    if any(r["peak_mem_gib"] is not None or r["status"] == "oom" for r in rows):
+        panels.append(("peak_mem_gib", "peak memory (GiB)"))
+    fig, axes = plt.subplots(1, len(panels) + 1, figsize=(5.5 * (len(panels) + 1), 4))
+    for line in lines:
+        mine = sorted((r for r in rows if (r["model"], r["attention"]) == line), key=lambda r: r["seq_len"])
+        for ax, (key, _) in zip(axes, panels):
             ok = [(r["seq_len"], r[key]) for r in mine if r["status"] == "ok" and r[key] is not None]
             if ok:
-                ax.plot(*zip(*ok), marker="o", color=color, label=attn)
+                ax.plot(*zip(*ok), marker="o", color=colors[line], label=label[line])
             ooms = [r["seq_len"] for r in mine if r["status"] == "oom"]
             if ooms:
-                ax.plot(ooms, [0] * len(ooms), "x", ms=10, mew=2, color=color, label=f"{attn}: out of memory", clip_on=False)
+                ax.plot(ooms, [0] * len(ooms), "x", ms=10, mew=2, color=colors[line], label=f"{label[line]}: out of memory",
+                        clip_on=False)
     seqlens = sorted({r["seq_len"] for r in rows})
-    for ax, label in zip(axes, ("tokens / s", "peak memory (GiB)")):
+    for ax, (_, ylabel) in zip(axes, panels):
         ax.set_xscale("log", base=2)
         ax.set_xticks(seqlens, [str(n) for n in seqlens])
         ax.set_xlabel("seq_len")
-        ax.set_ylabel(label)
+        ax.set_ylabel(ylabel)
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
     axes[0].legend(fontsize=8)
+    _plot_losses(axes[-1], rows, colors, label, seqlens)
     fig.suptitle(f"training sweep: {', '.join(models)}", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _plot_losses(ax, rows: list[dict[str, Any]], colors: dict, label: dict, seqlens: list[int]) -> None:
+    """Train loss vs tokens, one line per run: the attention's color, a line style per seq_len."""
+    styles = {n: ("-", "--", ":", "-.")[i % 4] for i, n in enumerate(seqlens)}
+    for r in rows:
+        curves = loss_curve(Path(r["run_dir"]))
+        line = (r["model"], r["attention"])
+        color = colors[line]
+        if curves["train"]:
+            ax.plot(*zip(*curves["train"]), ls=styles[r["seq_len"]], lw=1, color=color, label=f"{label[line]} n{r['seq_len']}")
+        if curves["val"]:
+            ax.plot(*zip(*curves["val"]), "o", ms=3, color=color)
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("train loss (dots: val)")
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -51,6 +51,6 @@ def kernel_calls(q: Tensor, k: Tensor, v: Tensor, do: Tensor, causal: bool) -> d
     return {
         "fwd": lambda cfg: launch.forward(q, k, v, causal, scale, config=cfg)[0],
         "bwd_dkdv": lambda cfg: launch.backward_dkdv(do, q, k, v, lse2, delta, causal, scale, config=cfg)[0],
-        "bwd_dq": lambda cfg: launch.backward_dq(do, q, k, v, lse2, delta, causal, scale, config=cfg),
+        "bwd_dq": lambda cfg: launch.backward_dq(do, q, k, v, o, lse2, causal, scale, config=cfg)[0],
         "bwd_fused": lambda cfg: launch.backward_fused(do, q, k, v, lse2, launch.backward_delta(o, do), causal, scale, config=cfg),
     }

@@ -78,11 +78,13 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, backend: str =
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
 
 
-def _load_flash(deterministic: bool = True) -> AttendFn:
-    """Our kernel; deterministic=False picks its single-pass backward (5 matmuls instead of 7;
-    dQ summed by atomic adds, so not bitwise repeatable)."""
-    if not isinstance(deterministic, bool):
-        raise ValueError(f"attention.deterministic must be true or false (got {deterministic!r})")
+def _load_flash(deterministic: bool | str = "auto") -> AttendFn:
+    """Our kernel. deterministic: True runs the bitwise-repeatable two-pass backward, False the
+    fastest exact schedule (kernels.flash_attn.launch.fastest_schedule), "auto" follows
+    torch.use_deterministic_algorithms, as flash_attention's None does."""
+    if not (deterministic == "auto" or isinstance(deterministic, bool)):
+        raise ValueError(f"attention.deterministic must be auto, true or false (got {deterministic!r})")
+    deterministic = None if deterministic == "auto" else deterministic
     # Imported on demand so naive/sdpa work even where the kernel package cannot load.
     from kernels import flash_attention
 

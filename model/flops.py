@@ -110,23 +110,30 @@ def _split_counts(counter: FlopCounterMode) -> tuple[int, int]:
 def count_step_flops(
     model_cfg: GPTConfig, attend: AttendFn, batch_size: int, checkpointing: bool = False, loss_chunk: int = 0
 ) -> dict[str, float]:
-    """FLOPs of one training micro-step, counted by FlopCounterMode and derived analytically.
+    """FLOPs of one training micro-step, executed (counted by FlopCounterMode) and algorithmic.
 
     The model is built on the meta device (shapes only: no memory, no compute, so this also
     works for a naive N×N run that would not fit) and run forward, then backward, each under
     its own counter. Keys (per micro-step of `batch_size` sequences):
-      flops/model_fwd, flops/model_bwd          dense layers (linear + lm_head), counted; with
-                                                checkpointing / loss_chunk the backward includes
-                                                the rerun forward matmuls (and attn_bwd the rerun
-                                                attention forward)
-      flops/attn_fwd, flops/attn_bwd            attention proper, counted (for flash: the
-                                                registered formula, 4 and 10·d·pairs per head)
-      flops/attn_fwd_analytic, ..._bwd_analytic  kernels.flops: 4·d·pairs and, for flash, 10·d·pairs
-      flops/attn_recompute                      attention backward beyond a stored-P backward
-                                                (2·d·pairs per head for flash; 0 for naive)
-      flops/attn_recompute_share                that, as a share of the whole step's counted FLOPs
-    Naive attention materialises the full square, so its counted FLOPs use N² pairs; torch's
-    own SDPA formula ignores the causal mask likewise.
+      flops/model_fwd, flops/model_bwd               dense layers (linear + lm_head), counted; with
+                                                     checkpointing / loss_chunk the backward includes
+                                                     the rerun forward matmuls (and attn_bwd_executed
+                                                     the rerun attention forward)
+      flops/attn_fwd_executed, flops/attn_bwd_executed
+                                                     attention as the implementation runs it, counted
+                                                     by the ops' formulas: naive multiplies the full
+                                                     N×N square (mask applied afterwards); torch's SDPA
+                                                     formula counts the square too (its fused backends
+                                                     skip masked blocks, so this overstates them); flash
+                                                     counts its visible pairs, backward recompute included
+      flops/attn_fwd_algorithmic, ..._bwd_algorithmic
+                                                     what causal attention needs, the same for every
+                                                     attention (the MFU convention): 4·d·pairs forward,
+                                                     8·d·pairs for a backward that keeps P
+      flops/attn_recompute                           executed backward beyond a stored-P backward of the
+                                                     same forward (2·d·pairs per head for flash; 0 naive;
+                                                     plus the rerun forward under checkpointing)
+      flops/attn_recompute_share                     that, as a share of the whole step's executed FLOPs
     """
     with torch.device("meta"):
         model = GPT(model_cfg, attend)
@@ -140,15 +147,14 @@ def count_step_flops(
     model_fwd, attn_fwd = _split_counts(fwd)
     model_bwd, attn_bwd = _split_counts(bwd)
     n, h, d = model_cfg.seq_len, model_cfg.n_head, model_cfg.head_dim
-    per_layer = {p: attention_flops(batch_size, h, n, n, d, True, p) for p in ("fwd", "bwd", "bwd_stored_p")}
+    per_layer = {p: attention_flops(batch_size, h, n, n, d, True, p) for p in ("fwd", "bwd_stored_p")}
     recompute = max(0, attn_bwd - 2 * attn_fwd)  # a stored-P backward costs exactly 2× its forward
     total = model_fwd + model_bwd + attn_fwd + attn_bwd
     return {
         "flops/model_fwd": model_fwd, "flops/model_bwd": model_bwd,
-        "flops/attn_fwd": attn_fwd, "flops/attn_bwd": attn_bwd,
-        "flops/attn_fwd_analytic": model_cfg.n_layer * per_layer["fwd"],
-        "flops/attn_bwd_analytic": model_cfg.n_layer * per_layer["bwd"],
-        "flops/attn_bwd_stored_p_analytic": model_cfg.n_layer * per_layer["bwd_stored_p"],
+        "flops/attn_fwd_executed": attn_fwd, "flops/attn_bwd_executed": attn_bwd,
+        "flops/attn_fwd_algorithmic": model_cfg.n_layer * per_layer["fwd"],
+        "flops/attn_bwd_algorithmic": model_cfg.n_layer * per_layer["bwd_stored_p"],
         "flops/attn_recompute": recompute,
         "flops/attn_recompute_share": recompute / total if total else 0.0,
     }

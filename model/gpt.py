@@ -150,8 +150,8 @@ class GPT(nn.Module):
     ) -> tuple[Tensor | None, Tensor | None]:
         """Logits (B, N, vocab) for token ids (B, N); with targets, also the mean cross-entropy.
 
-        `positions`: each token's global position, (N,) or (B, N) (default arange(N)); a shard
-        of a longer sequence passes its own. With targets and `loss_chunk` > 0 the logits are
+        `positions`: each token's position in its whole sequence, a LongTensor (N,) or (B, N); by
+        default 0..N-1. Context parallelism passes the global positions of this rank's tokens. With targets and `loss_chunk` > 0 the logits are
         never built whole, and None is returned in their place.
         """
         n = idx.shape[1]

@@ -38,7 +38,7 @@ from kernels.flops import attention_flops
 SCRIPT = "profile_backward"
 KERNEL_CLASSES = ("fwd", "preprocess", "dkdv", "dq", "bwd_other", "other")
 BWD_CLASSES = ("preprocess", "dkdv", "dq", "bwd_other")
-FLOP_PASSES = {"flash": "bwd", "flash_fused": "bwd", "naive": "bwd_stored_p"}  # which backward each implementation runs
+FLOP_PASSES = {"flash": "bwd", "flash_two_pass": "bwd", "flash_fused": "bwd", "naive": "bwd_stored_p"}  # which backward each implementation runs
 DEFAULT_IMPLS = ["flash", "naive"]
 
 CONVENTION = (
@@ -105,7 +105,7 @@ def measure(point: Point, device: torch.device, iters: int, warmup_ms: float, re
            "bwd_fwd_ratio": None, "flop_ratio": bwd / fwd, "kernel_ms": None, "kernel_bwd_fwd_ratio": None, "status": timed["status"]}
     if timed["fwd_ms"] and timed["bwd_ms"] is not None:
         row["bwd_fwd_ratio"] = rounded(timed["bwd_ms"] / timed["fwd_ms"], 4)
-    if point.impl in ("flash", "flash_fused") and row["status"] == "ok":
+    if point.impl in ("flash", "flash_two_pass", "flash_fused") and row["status"] == "ok":
         kernels, status = run_guarded(lambda: profile_kernels(point, device, iters), device, f"profile {point.impl} N={point.seqlen}")
         row["status"] = status
         if kernels is not None:

@@ -35,6 +35,7 @@ from omegaconf import OmegaConf
 
 from bench import runs as train_runs
 from bench.results import ROOT, default_out, output_dir, rounded, run_meta, write_json, write_results
+from bench.runs import NCCL_SAFE_ENV
 from bench.tables import Column, Table
 from training.distributed import PARALLEL
 from training.metrics import HYDRA_CONFIG, find_runs, read_summary
@@ -48,10 +49,7 @@ CONVENTION = (
     "scaling_efficiency: tokens_per_s / (gpus × the same attention's 1-GPU tokens_per_s); 1 GPU runs are a "
     "plain `python train.py` (no process group), more GPUs go through torchrun with NCCL."
 )
-# NVLink multicast stays off (the device docs: it can take a shared host's GPUs down); torchrun's
-# children inherit the environment, so setting it here covers every rank.
 LAUNCH_FILE = "launch.json"
-NCCL_SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 @dataclass(frozen=True)
@@ -130,7 +128,7 @@ def run_row(run: Path) -> dict[str, Any] | None:
     # A run that ended before its summary has no rank count: the launch record says how many were meant.
     launched = json.loads((run / LAUNCH_FILE).read_text()) if (run / LAUNCH_FILE).exists() else {}
     gpus = int(summary.get("ranks") or launched.get("gpus") or 1)
-    tps = summary.get("perf/tokens_per_s")  # unrounded: the row's own value is rounded to 5 digits
+    tps = summary.get("final/tokens_per_s_median")  # unrounded: the row's own value is rounded to 5 digits
     row = {**base, "parallel": str(cfg.parallel) if gpus > 1 else "single", "gpus": gpus,
            "per_gpu_batch": int(cfg.batch_size) // gpus, "tokens_per_s_per_gpu": rounded(tps / gpus if tps else None),
            "scaling_efficiency": None}

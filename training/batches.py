@@ -28,15 +28,17 @@ def micro_batches(
 ) -> Iterator[tuple[Tensor, Tensor]]:
     """This rank's `grad_accum` micro-batches of optimizer step `step`.
 
-    Rank r keeps rows [r·s, (r+1)·s) of the step's batch, s = batch_size / world_size, in
-    grad_accum equal slices. So what a step trains on does not depend on the number of ranks or on
-    grad_accum: one GPU and eight reach the same weights (up to float rounding).
+    Data-parallel rank d keeps rows [d·s, (d+1)·s) of the step's batch, s = batch_size / dp_size,
+    in grad_accum equal slices (without context parallelism d is the rank; with it, a group's ranks
+    read the same rows and split their tokens: training.context_parallel). So what a step trains on
+    does not depend on the number of ranks or on grad_accum: one GPU and eight reach the same
+    weights (up to float rounding).
     """
     x, y = ds.sample_batch("train", batch_size, step)
-    share = batch_size // dist.world_size
+    share = batch_size // dist.dp_size
     micro = share // grad_accum
     for i in range(grad_accum):
-        rows = slice(dist.rank * share + i * micro, dist.rank * share + (i + 1) * micro)
+        rows = slice(dist.dp_rank * share + i * micro, dist.dp_rank * share + (i + 1) * micro)
         yield to_device(x[rows], device), to_device(y[rows], device)
 
 

@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 
 from model.attention import ATTENTION, SDPA_BACKENDS
 from model.gpt import POSITIONS
+from training.context_parallel import CP_ATTENTION
 from training.distributed import PARALLEL
 
 log = logging.getLogger(__name__)
@@ -53,18 +54,22 @@ def validate_config(cfg: DictConfig, world_size: int = 1) -> None:
     of torchrun processes, which split each step's batch_size sequences between them.
     """
     resolve_batch_size(cfg)
-    for key in ("seq_len", "batch_size", "grad_accum", "steps"):
+    for key in ("seq_len", "batch_size", "grad_accum", "steps", "context_parallel"):
         _positive_int(cfg, key)
     _require(
         cfg.batch_size % cfg.grad_accum == 0,
         f"batch_size={cfg.batch_size} must be divisible by grad_accum={cfg.grad_accum}",
     )
-    split = cfg.grad_accum * world_size  # equal micro-batches per step, over all ranks
+    _check_context_parallel(cfg, world_size)
+    dp = world_size // cfg.context_parallel  # rank groups reading different rows
+    split = cfg.grad_accum * dp  # equal micro-batches per step, over all data-parallel ranks
     next_up = -(-cfg.batch_size // split) * split
+    ranks = f"ranks / context_parallel × grad_accum = {dp} × {cfg.grad_accum}" if cfg.context_parallel > 1 else \
+        f"ranks × grad_accum = {world_size} × {cfg.grad_accum}"
     _require(
         cfg.batch_size % split == 0,
-        f"batch_size={cfg.batch_size} must be divisible by ranks × grad_accum = {world_size} × {cfg.grad_accum} "
-        f"(each rank takes batch_size/{world_size} sequences per step), e.g. batch_size={next_up}",
+        f"batch_size={cfg.batch_size} must be divisible by {ranks} "
+        f"(each rank takes batch_size/{dp} sequences per step), e.g. batch_size={next_up}",
     )
     _require(cfg.parallel in PARALLEL, f"parallel must be one of {', '.join(PARALLEL)} (got {cfg.parallel!r})")
     _require(cfg.dist_timeout_s > 0, f"dist_timeout_s must be > 0 (got {cfg.dist_timeout_s})")
@@ -106,6 +111,37 @@ def validate_config(cfg: DictConfig, world_size: int = 1) -> None:
     if a.name == "sdpa":
         backends = ("auto", *SDPA_BACKENDS)
         _require(a.backend in backends, f"attention.backend must be one of {', '.join(backends)} (got {a.backend!r})")
+    if a.name == "flash":
+        _require(a.deterministic == "auto" or isinstance(a.deterministic, bool),
+                 f"attention.deterministic must be auto, true or false (got {a.deterministic!r})")
+
+
+def _check_context_parallel(cfg: DictConfig, world_size: int) -> None:
+    """The rules of `context_parallel: N` (training/context_parallel.py)."""
+    cp = cfg.context_parallel
+    if cp == 1:
+        return
+    _require(
+        world_size % cp == 0,
+        f"context_parallel={cp} must divide the number of ranks ({world_size}): ranks = data-parallel × "
+        f"context_parallel; launch with torchrun --nproc_per_node=<a multiple of {cp}>",
+    )
+    _require(
+        cfg.seq_len % (2 * cp) == 0,
+        f"seq_len={cfg.seq_len} must be divisible by 2 × context_parallel = {2 * cp}: each sequence is cut into "
+        f"{2 * cp} equal chunks and rank r of the group keeps chunks r and {2 * cp - 1}-r (zigzag: equal causal "
+        f"work on every rank); e.g. seq_len={-(-cfg.seq_len // (2 * cp)) * 2 * cp}",
+    )
+    _require(
+        cfg.attention.name in CP_ATTENTION,
+        f"attention={cfg.attention.name} cannot run with context_parallel={cp}: it needs all of a sequence's keys "
+        "on one rank; use attention=flash (our ring attention) or attention=sdpa (PyTorch's context parallel)",
+    )
+    _require(
+        cfg.attention.name != "sdpa" or resolve_device(cfg).type == "cuda",
+        f"attention=sdpa with context_parallel={cp} needs CUDA: PyTorch's context parallel rings only its CUDA SDPA "
+        "kernels (flash, efficient, cuDNN), not the CPU one; use attention=flash on the CPU",
+    )
 
 
 def resolve_device(cfg: DictConfig) -> torch.device:

@@ -40,10 +40,20 @@ class DistInfo:
     local_rank: int = 0  # index of this rank's GPU on its node
     world_size: int = 1
     launched: bool = False  # started by torchrun (even with one process): process group, DDP/FSDP wrapper
+    cp: int = 1  # context-parallel degree: groups of cp neighbouring ranks share each sequence's tokens
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def dp_rank(self) -> int:
+        """Which rows of a batch this rank reads: the ranks of one context-parallel group read the same."""
+        return self.rank // self.cp
+
+    @property
+    def dp_size(self) -> int:
+        return self.world_size // self.cp
 
 
 def from_env() -> DistInfo:

@@ -30,6 +30,7 @@ from training.batches import get_batch, micro_batches
 from training.checkpoint import CHECKPOINT_NAME, save_checkpoint
 from training.config import resolve_dtype
 from training.console import oom_message, short, step_line
+from training.context_parallel import Shard, whole_sequences
 from training.distributed import DistInfo
 from training.metrics import MetricsLogger, NoMetrics, run_name
 from training.optim import lr_at
@@ -58,17 +59,19 @@ def train_step(
     lr: float,
     grad_clip: float,
     autocast: Callable[[], contextlib.AbstractContextManager],
+    shard: Shard = whole_sequences,
 ) -> float:
-    """One optimizer step over `grad_accum` micro-batches; returns their mean loss."""
+    """One optimizer step over `grad_accum` micro-batches; returns their mean loss. `shard` gives each
+    micro-batch's tokens to this rank (context parallelism: its share of every sequence)."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     total = torch.zeros((), device=next(model.parameters()).device)
     for i in range(grad_accum):
         x, y = next(micro_batches)
         # DDP averages gradients over ranks once, in the last micro-step's backward.
-        with distributed.grad_sync(model, sync=i == grad_accum - 1):
+        with distributed.grad_sync(model, sync=i == grad_accum - 1), shard(x, y) as (x, y, positions):
             with autocast():
-                _, loss = model(x, y)
+                _, loss = model(x, y, positions)
             # Divide so the accumulated gradient is the mean over the whole batch.
             (loss / grad_accum).backward()
         total += loss.detach()
@@ -98,20 +101,22 @@ def _grad_norm(model: nn.Module, grad_clip: float) -> Tensor:
 def evaluate(
     model: nn.Module, ds: Any, eval_steps: int, batch_size: int, device: torch.device,
     autocast: Callable[[], contextlib.AbstractContextManager], dist: DistInfo = DistInfo(),
+    shard: Shard = whole_sequences,
 ) -> float:
     """Mean validation loss over the first `eval_steps` val batches (the same ones every time).
 
-    Under torchrun each rank evaluates its share of every batch and the means are averaged: the
-    same number as one process computes, in 1/world_size of the time.
+    Under torchrun each rank evaluates its share of every batch (its rows; with context
+    parallelism, its tokens of them) and the means are averaged: the same number as one process
+    computes, in 1/world_size of the time.
     """
     model.eval()
-    share = batch_size // dist.world_size
-    rows = slice(dist.rank * share, (dist.rank + 1) * share)
+    share = batch_size // dist.dp_size
+    rows = slice(dist.dp_rank * share, (dist.dp_rank + 1) * share)
     losses = []
     for i in range(eval_steps):
         x, y = get_batch(ds, "val", batch_size, i, device, rows)
-        with autocast():
-            losses.append(model(x, y)[1])
+        with shard(x, y) as (x, y, positions), autocast():
+            losses.append(model(x, y, positions)[1])
     model.train()
     return distributed.mean(torch.stack(losses).mean().item(), device)
 
@@ -185,7 +190,8 @@ def _loop(run: Run, metrics: MetricsLogger | NoMetrics) -> dict[str, Any]:
             row = _step(run, step, tally)
             if (cfg.eval_every and tally.done % cfg.eval_every == 0) or tally.done == end:
                 eval_batch = cfg.batch_size // cfg.grad_accum  # what one process would evaluate at a time; ranks split it
-                row["val/loss"] = evaluate(run.model, run.ds, cfg.eval_steps, eval_batch, run.device, run.autocast, run.dist)
+                row["val/loss"] = evaluate(run.model, run.ds, cfg.eval_steps, eval_batch, run.device, run.autocast, run.dist,
+                                           run.shard)
                 summary["final/val_loss"] = row["val/loss"]
             metrics.log(tally.done, row)
             bar.set_postfix_str(step_line(row), refresh=False)
@@ -211,7 +217,7 @@ def _step(run: Run, step: int, tally: _Tally) -> dict[str, float]:
     batches = micro_batches(run.ds, cfg.batch_size, cfg.grad_accum, step, device, run.dist)
     lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps)
     try:
-        loss = train_step(run.model, run.optimizer, batches, cfg.grad_accum, lr, cfg.grad_clip, run.autocast)
+        loss = train_step(run.model, run.optimizer, batches, cfg.grad_accum, lr, cfg.grad_clip, run.autocast, run.shard)
     except NonFiniteStep as bad:
         bad.step = step + 1
         if not cfg.skip_nonfinite_steps:
@@ -267,13 +273,14 @@ def _final_numbers(run: Run, tally: _Tally, profiled: dict[str, Any]) -> dict[st
         summary["skipped_steps"] = tally.skipped
     if tally.times:
         steady = statistics.median(tally.times[1:] or tally.times)  # step 1 pays for compilation and warm-up
-        summary["perf/step_ms"] = 1e3 * steady
-        summary["perf/tokens_per_s"] = cfg.batch_size * cfg.seq_len / steady
+        # final/*: named apart from the per-step perf/* values (training/metrics.py)
+        summary["final/step_ms_median"] = 1e3 * steady
+        summary["final/tokens_per_s_median"] = cfg.batch_size * cfg.seq_len / steady
         if run.peak_flops:
-            summary["perf/mfu"] = mfu(summary["perf/tokens_per_s"], run.flops_per_token, run.peak_flops)
-            summary["perf/hfu"] = mfu(summary["perf/tokens_per_s"], run.hardware_flops_per_token, run.peak_flops)
+            summary["final/mfu_median"] = mfu(summary["final/tokens_per_s_median"], run.flops_per_token, run.peak_flops)
+            summary["final/hfu_median"] = mfu(summary["final/tokens_per_s_median"], run.hardware_flops_per_token, run.peak_flops)
         if device.type == "cuda":  # the fullest GPU's peak: ranks can differ (FSDP's root, rank 0's extras)
-            summary["perf/peak_mem_gib"] = distributed.maximum(torch.cuda.max_memory_allocated(device) / 2**30, device)
+            summary["final/peak_mem_gib"] = distributed.maximum(torch.cuda.max_memory_allocated(device) / 2**30, device)
     if profiled.get("attention_share") is not None:
         summary["profile/attention_share"] = profiled["attention_share"]
         summary["profile/attention_ms"] = profiled["attention_ms"]
@@ -284,13 +291,15 @@ def _final_numbers(run: Run, tally: _Tally, profiled: dict[str, Any]) -> dict[st
 def _log_step_flops(run: Run, metrics: MetricsLogger | NoMetrics) -> None:
     """FLOPs of one optimizer step split into model/attention and forward/backward, counted by
     FlopCounterMode on a shapes-only copy of the model, so the backward's recomputation shows."""
+    attend = run.cp.local_attend if run.cp else run.raw_model.blocks[0].attn.attend  # the whole step as on one process
     model = run.raw_model
-    flops = count_step_flops(model.cfg, model.blocks[0].attn.attend, run.cfg.batch_size, model.checkpointing, model.loss_chunk)
-    metrics.log(run.start_step, flops)
+    flops = count_step_flops(model.cfg, attend, run.cfg.batch_size, model.checkpointing, model.loss_chunk)
+    metrics.log_constants(run.start_step, flops)
     log.info(
-        "FLOPs per step: model fwd %.3g bwd %.3g | attention fwd %.3g bwd %.3g (analytic %.3g / %.3g), "
+        "FLOPs per step: model fwd %.3g bwd %.3g | attention executed fwd %.3g bwd %.3g (algorithmic %.3g / %.3g), "
         "recompute %.3g = %.1f%% of the step",
-        flops["flops/model_fwd"], flops["flops/model_bwd"], flops["flops/attn_fwd"], flops["flops/attn_bwd"],
-        flops["flops/attn_fwd_analytic"], flops["flops/attn_bwd_analytic"], flops["flops/attn_recompute"],
+        flops["flops/model_fwd"], flops["flops/model_bwd"], flops["flops/attn_fwd_executed"],
+        flops["flops/attn_bwd_executed"], flops["flops/attn_fwd_algorithmic"], flops["flops/attn_bwd_algorithmic"],
+        flops["flops/attn_recompute"],
         100 * flops["flops/attn_recompute_share"],
     )

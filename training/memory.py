@@ -13,6 +13,8 @@ elementwise ops instead of saving them, so compiled runs need less: the estimate
   keep their float32 inputs only (4·C per layer) and one block is rebuilt at a time.
 - logits: tokens × V × (e + 4 + 4) (the logits, their float32 copy, its gradient); a chunked loss
   holds `loss_chunk` tokens' worth.
+Under context parallelism a rank holds seq_len / cp tokens of each sequence (its N×N-free
+attention's ring buffers are not counted).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from omegaconf import DictConfig
 
 from model.attention import naive_attention_bytes
 from model.gpt import GPT, GPTConfig
+from training.distributed import DistInfo
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +56,12 @@ def _param_count(cfg: GPTConfig) -> int:
 
 def estimate_step_memory(
     cfg: GPTConfig, micro_batch: int, attention: str, dtype: torch.dtype,
-    checkpointing: bool, loss_chunk: int, shards: int = 1,
+    checkpointing: bool, loss_chunk: int, shards: int = 1, context_parallel: int = 1,
 ) -> StepMemory:
-    """The module docstring's estimate for `micro_batch` sequences of cfg.seq_len tokens."""
+    """The module docstring's estimate for `micro_batch` sequences of cfg.seq_len tokens (seq_len /
+    context_parallel of each on this rank), the weights' state split over `shards` (FSDP)."""
     e = torch.finfo(dtype).bits // 8
-    C, L, tokens = cfg.n_embd, cfg.n_layer, micro_batch * cfg.seq_len
+    C, L, tokens = cfg.n_embd, cfg.n_layer, micro_batch * cfg.seq_len // context_parallel
     n_params = _param_count(cfg)
     states = n_params * (16 + (e if e < 4 else 0)) / shards
     per_layer = 8 * C + 15 * e * C + (2 * e * C if cfg.position == "rope" else 0)  # per token
@@ -72,8 +76,17 @@ def estimate_step_memory(
     return StepMemory(states, activations, logit_tokens * cfg.vocab_size * (e + 8))
 
 
+def rank_estimate(cfg: DictConfig, model_cfg: GPTConfig, dtype: torch.dtype, checkpointing: bool,
+                  dist: DistInfo = DistInfo()) -> StepMemory:
+    """The estimate for this rank of a run: its micro-batch, its share of each sequence, its shard of the weights."""
+    micro_batch = cfg.batch_size // (cfg.grad_accum * dist.dp_size)
+    shards = dist.world_size if dist.launched and cfg.parallel == "fsdp" else 1
+    return estimate_step_memory(model_cfg, micro_batch, cfg.attention.name, dtype, checkpointing, cfg.loss_chunk,
+                                shards, dist.cp)
+
+
 def resolve_checkpointing(cfg: DictConfig, model_cfg: GPTConfig, device: torch.device, dtype: torch.dtype,
-                          world_size: int = 1) -> tuple[bool, str]:
+                          dist: DistInfo = DistInfo()) -> tuple[bool, str]:
     """(checkpointing on?, why) for cfg.checkpointing: none, blocks, or auto, which turns it on only
     when a step without it is estimated not to fit the GPU's free memory (on the CPU: off)."""
     if cfg.checkpointing != "auto":
@@ -83,9 +96,7 @@ def resolve_checkpointing(cfg: DictConfig, model_cfg: GPTConfig, device: torch.d
         return False, "checkpointing=auto: off (on the CPU there is no GPU memory to run out of)"
     free, _ = torch.cuda.mem_get_info(device)
     free += torch.cuda.memory_reserved(device)  # what this process already holds is its to reuse
-    micro_batch = cfg.batch_size // (cfg.grad_accum * world_size)
-    shards = world_size if cfg.parallel == "fsdp" else 1
-    need = estimate_step_memory(model_cfg, micro_batch, cfg.attention.name, dtype, False, cfg.loss_chunk, shards)
+    need = rank_estimate(cfg, model_cfg, dtype, False, dist)
     on = need.total > FIT * free
     gib = lambda n: f"{n / 2**30:.1f} GiB"  # noqa: E731
     return on, (

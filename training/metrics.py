@@ -1,32 +1,40 @@
 """Where metrics go: always JSON lines in the run folder, optionally a wandb run.
 
-One set of names everywhere: train/loss, val/loss, lr, perf/step_ms, perf/tokens_per_s,
-perf/mfu, perf/peak_mem_gib. Only the main process (rank 0) should build a MetricsLogger.
+One set of names everywhere (metrics.jsonl, summary.json, wandb). Per step: train/loss, val/loss,
+lr, perf/step_ms, perf/tokens_per_s, perf/mfu, perf/hfu, perf/peak_mem_gib, train/tokens, time/elapsed_s.
+Per run (the summary): final/val_loss, final/train_loss, final/step_ms_median, final/tokens_per_s_median,
+final/mfu_median, final/hfu_median, final/peak_mem_gib (and, known at the start: checkpointing,
+loss_chunk, memory/estimated_gib): named apart from the per-step values they aggregate, so no
+view can mistake one step's number for the run's. Only rank 0 should build a MetricsLogger; the
+wandb side is training/wandb_run.py.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from data.files import atomic_write
+from training.checkpoint import find_checkpoint
 
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
+TOKENS, ELAPSED = "train/tokens", "time/elapsed_s"  # added to every step's row by MetricsLogger.log
 
 
 def attention_label(cfg: DictConfig) -> str:
-    """naive, sdpa, sdpa_cudnn (sdpa_flash, ...), flash, flash_fused: the attention choice including
-    a pinned sdpa backend or flash's single-pass (deterministic=false) backward. The same names as
-    the benchmarks' implementations, so a run and a benchmark row of one variant carry one name."""
-    if cfg.attention.name == "flash" and cfg.attention.get("deterministic", True) is False:
-        return "flash_fused"
+    """naive, sdpa, sdpa_cudnn (sdpa_flash, ...), flash, flash_two_pass: the attention choice including
+    a pinned sdpa backend or flash's deterministic (two-pass) backward. The same names as the
+    benchmarks' implementations, so a run and a benchmark row of one variant carry one name."""
+    if cfg.attention.name == "flash" and cfg.attention.get("deterministic", "auto") is True:
+        return "flash_two_pass"
     backend = cfg.attention.get("backend", "auto")
     return cfg.attention.name if backend == "auto" else f"{cfg.attention.name}_{backend}"
 
@@ -36,46 +44,48 @@ def run_name(cfg: DictConfig) -> str:
     return f"{attention_label(cfg)}-{cfg.model.name}-n{cfg.seq_len}"
 
 
-def run_group(cfg: DictConfig) -> str:
-    """The wandb group: logger.group if set, else the experiment name, else the -m sweep folder."""
-    if cfg.logger.get("group"):
-        return str(cfg.logger.group)
-    from hydra.core.hydra_config import HydraConfig  # only set when launched through @hydra.main
-
-    if HydraConfig.initialized():
-        hc = HydraConfig.get()
-        if hc.runtime.choices.get("experiment") not in (None, "null"):
-            return str(hc.runtime.choices["experiment"])
-        if hc.mode is not None and hc.mode.name == "MULTIRUN":
-            return "sweep-" + "-".join(Path(hc.sweep.dir).parts[-2:])  # multirun/<date>/<time>
-    return "default"
-
-
 class MetricsLogger:
     """Appends one JSON object per call to <out_dir>/metrics.jsonl and mirrors it to wandb.
 
-    Each line goes to the file in one unbuffered write, so a run killed at any moment (even by
-    SIGKILL) leaves only whole lines; a line torn anyway (disk full, power loss) is closed off by
-    the next run that appends (resume), and read_jsonl skips it.
+    Each step's row gains `train/tokens` (tokens trained on so far) and `time/elapsed_s` (seconds
+    since training started), both continued across a resume, so runs of different seq_len or
+    speed can share an x-axis. Each line goes to the file in one unbuffered write, so a run killed
+    at any moment (even by SIGKILL) leaves only whole lines; a line torn anyway (disk full, power
+    loss) is closed off by the next run that appends (resume), and read_jsonl skips it.
     """
 
     def __init__(self, cfg: DictConfig, out_dir: Path, derived: dict[str, Any]) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.out_dir = out_dir
+        self.tokens_per_step = cfg.batch_size * cfg.seq_len  # all ranks' tokens
         self._file = open(out_dir / METRICS_FILE, "ab", buffering=0)  # unbuffered: readable while running
         if self._file.tell() > 0 and (out_dir / METRICS_FILE).read_bytes()[-1:] != b"\n":
             log.warning("%s ends in a torn line (a run killed mid-write?); starting on a new line", self._file.name)
             self._write(b"\n")
-        self._wandb = _start_wandb(cfg, out_dir, derived) if cfg.logger.name == "wandb" else None
+        self._wandb = None
+        if cfg.logger.name == "wandb":
+            from training.wandb_run import WandbRun  # imports wandb: only when asked for
+
+            self._wandb = WandbRun(cfg, out_dir, derived)
+        self.t0 = time.monotonic() - _elapsed_before(cfg, out_dir, derived.get("start_step", 0))  # after wandb's start
 
     def _write(self, data: bytes) -> None:
         while data:  # one write() for a line, looping only if the OS takes part of it
             data = data[self._file.write(data) :]
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        self._write((json.dumps({"step": step, **metrics}) + "\n").encode())
+        """One step's row; `step` counts optimizer steps done, including those before a resume."""
+        row = {**metrics, TOKENS: step * self.tokens_per_step, ELAPSED: round(time.monotonic() - self.t0, 3)}
+        self._write((json.dumps({"step": step, **row}) + "\n").encode())
         if self._wandb is not None:
-            self._wandb.log(metrics, step=step)
+            self._wandb.log(step, row)
+
+    def log_constants(self, step: int, values: dict[str, float]) -> None:
+        """Numbers that hold for every step (the FLOP split of one step): a metrics.jsonl line at
+        `step`, and wandb summary values (not history: they do not change over the run)."""
+        self._write((json.dumps({"step": step, **values}) + "\n").encode())
+        if self._wandb is not None:
+            self._wandb.log_constants(values)
 
     def finish(self, summary: dict[str, Any]) -> None:
         """Record the run's outcome (status ok/oom, medians, final losses) and close everything."""
@@ -83,14 +93,16 @@ class MetricsLogger:
         self._file.close()
         atomic_write(self.out_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")  # never half a summary
         if self._wandb is not None:
-            self._wandb.summary.update(summary)
-            self._wandb.finish(exit_code=0 if summary.get("status") == "ok" else 1)
+            self._wandb.finish(summary)
 
 
 class NoMetrics:
     """What ranks other than 0 log metrics to: nothing (rank 0's MetricsLogger holds the run's numbers)."""
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def log_constants(self, step: int, values: dict[str, float]) -> None:
         pass
 
     def finish(self, summary: dict[str, Any]) -> None:
@@ -118,29 +130,22 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def _start_wandb(cfg: DictConfig, out_dir: Path, derived: dict[str, Any]) -> Any:
-    import wandb  # imported here: slow to import, and logger=none should not need it
-
-    lg = cfg.logger
-    tags = [attention_label(cfg), cfg.model.name, f"seq{cfg.seq_len}", *lg.tags]
-    run = wandb.init(
-        project=lg.project,
-        entity=lg.entity,
-        mode=lg.mode,
-        group=run_group(cfg),
-        name=run_name(cfg),
-        tags=tags,
-        config={**OmegaConf.to_container(cfg, resolve=True), "derived": derived},
-        dir=str(out_dir),  # offline runs land in <out_dir>/wandb/offline-run-*
-        settings=wandb.Settings(console="off"),  # Hydra's train.log already keeps the console
-    )
-    log.info("wandb: mode=%s project=%s group=%s name=%s dir=%s", lg.mode, lg.project, run.group, run.name, out_dir)
-    return run
+def _elapsed_before(cfg: DictConfig, out_dir: Path, start_step: int) -> float:
+    """Seconds of training before a resume: the resumed step's time/elapsed_s in the metrics.jsonl
+    beside the checkpoint (0 for a new run, or a checkpoint whose folder has no such row)."""
+    if not cfg.resume or not start_step:
+        return 0.0
+    metrics = find_checkpoint(cfg.resume, out_dir).parent / METRICS_FILE
+    rows = [r for r in read_jsonl(metrics) if r.get("step") == start_step] if metrics.exists() else []
+    return float(rows[-1].get(ELAPSED, 0.0)) if rows else 0.0
 
 
 # Reading run folders (the writer's counterpart)
 
 HYDRA_CONFIG = Path(".hydra") / "config.yaml"  # the composed config Hydra saves in each run folder
+# summary keys of run folders written before the final/* names: read under the new ones
+OLD_SUMMARY_KEYS = {"perf/step_ms": "final/step_ms_median", "perf/tokens_per_s": "final/tokens_per_s_median",
+                    "perf/mfu": "final/mfu_median", "perf/peak_mem_gib": "final/peak_mem_gib"}
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
@@ -156,7 +161,8 @@ def find_runs(paths: list[Path]) -> list[Path]:
 
 def read_summary(run: Path) -> tuple[dict[str, Any] | None, int]:
     """(the run's summary or None, number of logged steps): the summary line of metrics.jsonl,
-    else summary.json (a run killed while finishing may have torn the line but written the file)."""
+    else summary.json (a run killed while finishing may have torn the line but written the file);
+    older runs' perf/* aggregates under their final/* names."""
     steps, summary = 0, None
     if (run / METRICS_FILE).exists():
         for record in read_jsonl(run / METRICS_FILE):  # skips a line torn by a killed run
@@ -166,4 +172,6 @@ def read_summary(run: Path) -> tuple[dict[str, Any] | None, int]:
                 steps += 1
     if summary is None and (run / SUMMARY_FILE).exists():
         summary = json.loads((run / SUMMARY_FILE).read_text())
+    if summary is not None:
+        summary = {OLD_SUMMARY_KEYS.get(key, key): value for key, value in summary.items()}
     return summary, steps

@@ -33,7 +33,7 @@ class SdpaAttention:
 @dataclass
 class FlashAttention:
     name: str = MISSING
-    deterministic: bool = MISSING
+    deterministic: Any = MISSING  # auto | true | false: a union OmegaConf cannot type; model/attention.py checks it
 
 
 @dataclass
@@ -106,6 +106,7 @@ class WandbLogger:
     mode: str = MISSING
     group: Optional[str] = MISSING
     tags: list[str] = MISSING
+    quiet: bool = MISSING
 
 
 @dataclass
@@ -136,6 +137,7 @@ class TrainConfig:
     loss_chunk: int = MISSING
     device: str = MISSING
     parallel: str = MISSING
+    context_parallel: int = MISSING
     dist_timeout_s: float = MISSING
     seed: int = MISSING
     eval_every: int = MISSING

@@ -9,6 +9,7 @@ MFU denominator, the attention choice).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
@@ -26,8 +27,9 @@ from model.gpt import GPT, GPTConfig
 from training import distributed
 from training.checkpoint import resume
 from training.config import ConfigError, resolve_compile, resolve_device, resolve_dtype, validate_config
+from training.context_parallel import ContextParallel, Shard, setup_context_parallel, whole_sequences
 from training.distributed import DistInfo
-from training.memory import estimate_step_memory, resolve_checkpointing
+from training.memory import rank_estimate, resolve_checkpointing
 from training.metrics import attention_label
 from training.optim import build_optimizer
 
@@ -53,10 +55,16 @@ class Run:
     peak_flops: float | None
     derived: dict[str, Any] = field(default_factory=dict)
     dist: DistInfo = field(default_factory=DistInfo)  # this process's rank under torchrun
+    cp: ContextParallel | None = None  # context_parallel > 1: this rank's group and token split
     hardware_flops_per_token: float = 0.0  # flops_per_token + what is run again to save memory (HFU)
 
+    @property
+    def shard(self) -> Shard:
+        """What the loop wraps each micro-batch in: this rank's tokens of it."""
+        return self.cp.shard if self.cp else whole_sequences
 
-def build_model(cfg: DictConfig, tokenizer_vocab: int, device: torch.device, world_size: int = 1) -> GPT:
+
+def build_model(cfg: DictConfig, tokenizer_vocab: int, device: torch.device, dist: DistInfo = DistInfo()) -> GPT:
     """GPT from the model group, seq_len and the attention group, on `device`, seeded by cfg.seed;
     with activation checkpointing as cfg.checkpointing resolves (training/memory.py) and the
     loss in chunks of cfg.loss_chunk tokens."""
@@ -69,7 +77,7 @@ def build_model(cfg: DictConfig, tokenizer_vocab: int, device: torch.device, wor
     gcfg = GPTConfig(m.n_layer, m.n_head, m.n_embd, vocab, cfg.seq_len, m.dropout, m.bias, m.position, m.rope_base)
     attention_options = {k: v for k, v in cfg.attention.items() if k != "name"}
     attend = get_attention(cfg.attention.name, **attention_options)
-    checkpointing, why = resolve_checkpointing(cfg, gcfg, device, resolve_dtype(cfg, device), world_size)
+    checkpointing, why = resolve_checkpointing(cfg, gcfg, device, resolve_dtype(cfg, device), dist)
     log.info("%s", why)
     torch.manual_seed(cfg.seed)
     model = GPT(gcfg, attend).to(device)
@@ -104,6 +112,7 @@ def setup(cfg: DictConfig) -> Run:
     dist = distributed.from_env()
     distributed.quiet_logging(dist)  # ranks > 0: warnings and errors only, tagged with the rank
     validate_config(cfg, dist.world_size)
+    dist = dataclasses.replace(dist, cp=cfg.context_parallel)
     device = distributed.init(dist, resolve_device(cfg), cfg.dist_timeout_s)
     # Rank 0's run folder: the other ranks write nothing there, but read checkpoints from it.
     out_dir = Path(distributed.broadcast(str(cfg.out_dir)))
@@ -115,7 +124,8 @@ def setup(cfg: DictConfig) -> Run:
         ds = build_dataset(cfg.data, cfg.seq_len, cache_dir, cfg.seed)
     except ValueError as err:  # corpus too small, missing files...: the user's to fix
         raise ConfigError(f"data={cfg.data.name}: {err}") from err
-    model = build_model(cfg, ds.vocab_size, device, dist.world_size)
+    model = build_model(cfg, ds.vocab_size, device, dist)
+    cp = setup_context_parallel(cfg, dist.world_size, device, model) if dist.cp > 1 else None
     wrapped = wrap_model(model, cfg, device, dist)
     optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), device)
     start_step = resume(cfg, out_dir, model, optimizer) if cfg.resume else 0
@@ -130,15 +140,15 @@ def setup(cfg: DictConfig) -> Run:
     if peak and dist.world_size > 1:  # tokens/s counts every rank's tokens: MFU against all their devices
         peak, peak_source = peak * dist.world_size, f"{peak_source} × {dist.world_size} ranks"
     autocast = lambda: torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)  # noqa: E731
-    micro_batch = cfg.batch_size // (cfg.grad_accum * dist.world_size)  # per rank
-    estimate = estimate_step_memory(model.cfg, micro_batch, cfg.attention.name, dtype, model.checkpointing, cfg.loss_chunk,
-                                    dist.world_size if dist.launched and cfg.parallel == "fsdp" else 1)
+    estimate = rank_estimate(cfg, model.cfg, dtype, model.checkpointing, dist)
     derived = {
         "params": model.num_params(), "params_total": model.num_params(non_embedding=False),
         "vocab_size": model.cfg.vocab_size, "tokenizer_vocab": ds.vocab_size,
         "tokens_per_step": cfg.batch_size * cfg.seq_len, "ranks": dist.world_size,
         "parallel": cfg.parallel if dist.launched else "none",
-        "micro_batch": micro_batch, "estimated_step_gib": round(estimate.total / 2**30, 3),
+        "micro_batch": cfg.batch_size // (cfg.grad_accum * dist.dp_size),  # per rank
+        "context_parallel": dist.cp, "tokens_per_rank_sequence": cfg.seq_len // dist.cp,
+        "estimated_step_gib": round(estimate.total / 2**30, 3),
         "position": model.cfg.position, "checkpointing": "blocks" if model.checkpointing else "none",
         "loss_chunk": cfg.loss_chunk,
         "flops_per_token": fpt, "mfu_convention": MFU_CONVENTION,
@@ -149,4 +159,4 @@ def setup(cfg: DictConfig) -> Run:
         "dtype": str(dtype).removeprefix("torch."), "compile": resolve_compile(cfg, device),
         "torch": torch.__version__, "start_step": start_step,
     }
-    return Run(cfg, out_dir, device, ds, model, wrapped, optimizer, autocast, start_step, fpt, peak, derived, dist, hfpt)
+    return Run(cfg, out_dir, device, ds, model, wrapped, optimizer, autocast, start_step, fpt, peak, derived, dist, cp, hfpt)

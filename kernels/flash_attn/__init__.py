@@ -32,7 +32,7 @@ __all__ = ["flash_attention", "flash_attn_forward", "flash_attn_backward", "chec
 
 
 def check_inputs(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float | None, deterministic: bool = True,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float | None, deterministic: bool | None = None,
 ) -> None:
     """Raise TypeError/ValueError, saying what to change, unless the kernels can take q, k, v."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -63,8 +63,8 @@ def check_inputs(
         raise ValueError(f"q has {q.shape[1]} heads, which is not a multiple of the {k.shape[1]} heads of k and v (grouped-query attention needs heads_q % heads_kv == 0)")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    if deterministic is not None and not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be None, True or False, got {type(deterministic).__name__}")
     if softmax_scale is not None and not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale)):
         raise ValueError(f"softmax_scale must be a finite number or None, got {softmax_scale!r}")
 
@@ -73,9 +73,17 @@ def _scale(q: torch.Tensor, softmax_scale: float | None) -> float:
     return float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
 
 
+def _schedule(deterministic: bool | None) -> str:
+    """The backward schedule (launch.SCHEDULES) for the `deterministic` argument. None follows
+    PyTorch's switch, torch.use_deterministic_algorithms, as PyTorch's own kernels do."""
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    return "two_pass" if deterministic else "fastest"
+
+
 def flash_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, softmax_scale: float | None = None,
-    deterministic: bool = True,
+    deterministic: bool | None = None,
 ) -> torch.Tensor:
     """Exact attention softmax(q kᵀ · softmax_scale) v, computed tile by tile in SRAM.
 
@@ -86,17 +94,19 @@ def flash_attention(
         causal: mask keys after the query, aligned bottom-right when seqlen_q != seqlen_k
             (query i sees keys j <= i + seqlen_k - seqlen_q); rows that see no key give zeros.
         softmax_scale: defaults to 1 / sqrt(head_dim).
-        deterministic: True (default) runs the two-pass backward, bitwise repeatable. False runs
-            the single-pass backward (5 matmuls instead of 7) whose dQ is summed with float32
-            atomic adds in whatever order the GPU schedules them, so dQ may differ in its last
-            bits from run to run; the forward is the same either way.
+        deterministic: True runs the two-pass backward, bitwise repeatable (7 matmuls). False runs
+            the fastest exact schedule for this GPU, head dim and dtype (launch.fastest_schedule):
+            where that is the single-pass backward (5 matmuls), dQ is summed with float32 atomic
+            adds in whatever order the GPU schedules them, so its last bits may differ from run
+            to run. None (default) follows torch.are_deterministic_algorithms_enabled(), as
+            PyTorch's own kernels do. The forward is the same either way.
 
     Returns:
         (batch, heads_q, seqlen_q, head_dim), in q's dtype and memory layout. Differentiable in
         q, k and v; usable under torch.compile(fullgraph=True).
     """
     check_inputs(q, k, v, causal, softmax_scale, deterministic)
-    o, _ = flash_attn_fwd(q, k, v, causal, _scale(q, softmax_scale), deterministic)
+    o, _ = flash_attn_fwd(q, k, v, causal, _scale(q, softmax_scale), _schedule(deterministic))
     return o
 
 
@@ -120,7 +130,7 @@ def flash_attn_forward(
 
 def flash_attn_backward(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-    causal: bool = False, softmax_scale: float | None = None, deterministic: bool = True,
+    causal: bool = False, softmax_scale: float | None = None, deterministic: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of flash_attention for the output gradient dout, from flash_attn_forward's
     out and lse on the same inputs (the probabilities are recomputed from q, k and lse).
@@ -139,4 +149,5 @@ def flash_attn_backward(
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device}, q on {q.device}: they must be on one device")
     with torch.no_grad():
-        return flash_attn_bwd(dout, q, k, v, out, lse * LOG2E.value, causal, _scale(q, softmax_scale), deterministic)
+        return flash_attn_bwd(dout, q, k, v, out, lse * LOG2E.value, causal, _scale(q, softmax_scale),
+                              _schedule(deterministic))

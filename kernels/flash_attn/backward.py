@@ -1,28 +1,29 @@
 """The backward kernels (FlashAttention-2, Algorithm 2, with recomputation).
 
-First delta = rowsum(dO ∘ O) (= rowsum(P ∘ dP)). Then the probabilities are rebuilt tile by tile
+Each needs delta = rowsum(dO ∘ O) (= rowsum(P ∘ dP)) per query row. The probabilities are rebuilt tile by tile
 from Q, K and the saved LSE (base 2, as the forward keeps it), P = 2^{S·scale·log2(e) − LSE}, and
 
     dV = Pᵀ dO,   dP = dO Vᵀ,   dS = P ∘ (dP − delta),   dK = scale · dSᵀ Q,   dQ = scale · dS K
 
 i.e. five matmuls (10·N²·d FLOPs per head, against 8·N²·d if P had been stored). Two schedules:
 
-- deterministic (default): two passes without atomics. One program per key block accumulates dK
-  and dV over all query blocks (and over the query heads of its GQA group), another per query
-  block accumulates dQ over all key blocks. Each pass recomputes S and dP: 7 matmuls, the price
-  of determinism.
-- fused (deterministic=False, FA2's original schedule): the key-block programs also compute
-  their share scale · dS K of each query block's dQ and add it with float32 atomics into a
-  zeroed (B, H, N, d) buffer, cast to the input dtype at the end: 5 matmuls, but the order of
-  the adds, hence dQ's last bits, depends on scheduling.
+- two-pass (deterministic): two passes without atomics. First one program per query block
+  accumulates dQ over all key blocks (and writes its rows' delta), then one per key block
+  accumulates dK and dV over all query blocks (and over the query heads of its GQA group). Each
+  pass recomputes S and dP: 7 matmuls, the price of determinism.
+- fused (FA2's original schedule): the key-block programs also compute their share scale · dS K
+  of each query block's dQ and add it into a zeroed float32 (B, H, N, d) buffer, cast to the
+  input dtype at the end: 5 matmuls, but the order of the adds, hence dQ's last bits, depends on
+  scheduling. On Hopper each share goes as one TMA bulk reduce-add of the tile (TMA_DQ, as in
+  FlashAttention-3), elsewhere as per-element float32 atomics.
 
-Kernels, in the order they run: bwd_preprocess_kernel (delta), bwd_kv_kernel (one key block's
-dK, dV, and with ATOMIC_DQ its dQ share: the fused schedule), bwd_dq_kernel (the second pass).
+Kernels: bwd_dq_kernel (two-pass: dQ and delta), then bwd_kv_kernel (one key block's dK, dV);
+fused: bwd_preprocess_kernel (delta), then bwd_kv_kernel with ATOMIC_DQ (dK, dV and dQ shares).
 """
 import triton
 import triton.language as tl
 
-from kernels.flash_attn.tiles import causal_bounds, load_rows, mma_operand, row_source
+from kernels.flash_attn.tiles import causal_bounds, dot_acc, load_rows, mma_operand, row_source
 
 
 @triton.jit
@@ -51,7 +52,7 @@ def _bwd_kv_inner(
     stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
     offs_n, offs_m0, offs_d, lo, hi, seqlen_q, offset, qk_scale, softmax_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-    ELEM: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
+    ELEM: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr,
 ):
     """dV += Pᵀ dO and dK += dSᵀ Q (unscaled) over the query blocks [lo, hi) of one head."""
     d_ok = offs_d[None, :] < HEAD_DIM
@@ -66,18 +67,23 @@ def _bwd_kv_inner(
         if MASKED:
             p_t = tl.where(offs_n[:, None] <= rows[None, :] + offset, p_t, 0.0)
         do = mma_operand(load_rows(do_src, start_m, offs_m0, offs_d, seqlen_q, stride_don, stride_dod, HEAD_DIM, TMA), ELEM, UPCAST)
-        dv = tl.dot(mma_operand(p_t, ELEM, UPCAST), do, dv, input_precision=DOT_PRECISION)
+        dv = dot_acc(mma_operand(p_t, ELEM, UPCAST), do, dv, DOT_PRECISION)
         delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         ds_t = mma_operand(p_t * (dp_t - delta[None, :]), ELEM, UPCAST)
-        dk = tl.dot(ds_t, q, dk, input_precision=DOT_PRECISION)
+        dk = dot_acc(ds_t, q, dk, DOT_PRECISION)
         if ATOMIC_DQ:
             # the fused schedule's fifth matmul: this key block's share of dQ = scale · dS K for these
             # rows (BLOCK_M, BLOCK_D), added in float32 to what the other key blocks' programs add.
             # Relaxed: the sum is read only after the kernel ends, so no ordering is needed between adds.
             dq = tl.dot(tl.trans(ds_t), k, input_precision=DOT_PRECISION) * softmax_scale
-            tl.atomic_add(dq_base + rows[:, None] * stride_dqn + offs_d[None, :] * stride_dqd, dq,
-                          mask=row_ok[:, None] & d_ok, sem="relaxed")
+            if TMA_DQ:
+                # one bulk reduce-add of the whole tile by the copy engine (FlashAttention-3's way):
+                # no per-element atomics in the registers; rows past seqlen_q are clipped by TMA
+                dq_base.atomic_add([start_m, 0], dq)
+            else:
+                tl.atomic_add(dq_base + rows[:, None] * stride_dqn + offs_d[None, :] * stride_dqd, dq,
+                              mask=row_ok[:, None] & d_ok, sem="relaxed")
     return dk, dv
 
 
@@ -93,7 +99,7 @@ def bwd_kv_kernel(
     stride_dqb, stride_dqh, stride_dqn, stride_dqd,
     heads_q, group, seqlen_q, seqlen_k, qk_scale, softmax_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, REVERSE: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    CAUSAL: tl.constexpr, REVERSE: tl.constexpr, ATOMIC_DQ: tl.constexpr, TMA_DQ: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
     """One key block's dK and dV. ATOMIC_DQ=False: the deterministic schedule's first pass (DQ and
@@ -136,22 +142,24 @@ def bwd_kv_kernel(
         h = kvh * group + g
         q_src = row_source(Q + b * stride_qb + h * stride_qh, seqlen_q, stride_qn, stride_qd, BLOCK_M, BLOCK_D, HEAD_DIM, TMA)
         do_src = row_source(DO + b * stride_dob + h * stride_doh, seqlen_q, stride_don, stride_dod, BLOCK_M, BLOCK_D, HEAD_DIM, TMA)
-        dq_base = DQ
-        if ATOMIC_DQ:
-            dq_base = DQ + b * stride_dqb + h * stride_dqh
+        if ATOMIC_DQ:  # where this head's dQ shares go: a descriptor (TMA_DQ) or a pointer
+            dq_base = row_source(DQ + b * stride_dqb + h * stride_dqh, seqlen_q, stride_dqn, stride_dqd,
+                                 BLOCK_M, BLOCK_D, HEAD_DIM, TMA_DQ)
+        else:
+            dq_base = DQ
         row_base = (b * heads_q + h) * seqlen_q
         # the diagonal query blocks (causal: masked), then those that see the whole key block
         dk, dv = _bwd_kv_inner(
             dk, dv, k, v, q_src, do_src, LSE + row_base, DELTA + row_base, dq_base,
             stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
             offs_n, offs_m0, offs_d, lo, tl.minimum(full_start, seqlen_q), seqlen_q, offset, qk_scale, softmax_scale,
-            HEAD_DIM, BLOCK_M, True, ATOMIC_DQ, ELEM, UPCAST, DOT_PRECISION, TMA,
+            HEAD_DIM, BLOCK_M, True, ATOMIC_DQ, ELEM, UPCAST, DOT_PRECISION, TMA, TMA_DQ,
         )
         dk, dv = _bwd_kv_inner(
             dk, dv, k, v, q_src, do_src, LSE + row_base, DELTA + row_base, dq_base,
             stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
             offs_n, offs_m0, offs_d, full_start, seqlen_q, seqlen_q, offset, qk_scale, softmax_scale,
-            HEAD_DIM, BLOCK_M, False, ATOMIC_DQ, ELEM, UPCAST, DOT_PRECISION, TMA,
+            HEAD_DIM, BLOCK_M, False, ATOMIC_DQ, ELEM, UPCAST, DOT_PRECISION, TMA, TMA_DQ,
         )
     dk = dk * softmax_scale
     tl.store(DK + b * stride_dkb + kvh * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
@@ -180,16 +188,17 @@ def _bwd_dq_inner(
             p = tl.where(keep, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
-        dq = tl.dot(mma_operand(ds, ELEM, UPCAST), k, dq, input_precision=DOT_PRECISION)
+        dq = dot_acc(mma_operand(ds, ELEM, UPCAST), k, dq, DOT_PRECISION)
     return dq
 
 
 @triton.jit
 def bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ,
+    Q, K, V, O, DO, LSE, DELTA, DQ,  # noqa: E741
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_on, stride_od,
     stride_dob, stride_doh, stride_don, stride_dod,
     stride_dqb, stride_dqh, stride_dqn, stride_dqd,
     heads_q, group, seqlen_q, seqlen_k, qk_scale, softmax_scale,
@@ -197,7 +206,10 @@ def bwd_dq_kernel(
     CAUSAL: tl.constexpr, REVERSE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
     TMA: tl.constexpr,
 ):
-    """One query block's dQ: the deterministic schedule's second pass."""
+    """One query block's dQ, and its rows' delta = rowsum(dO ∘ O), written to DELTA for the dK/dV
+    pass that follows: the deterministic schedule's first pass. Computing delta here, from the
+    O tile the program reads once, saves the separate preprocess launch (host time that shows
+    at short sequences)."""
     pid_m = tl.program_id(0)  # grid (query blocks, heads, batch)
     if REVERSE:  # longest (causal: last) query blocks first, as in the forward
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -216,10 +228,12 @@ def bwd_dq_kernel(
     q_ok = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
     q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd, mask=q_ok, other=0.0)
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod, mask=q_ok, other=0.0)
+    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od, mask=q_ok, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + row0 + offs_m, delta, mask=row_ok)
     q = mma_operand(q, ELEM, UPCAST)  # q and dO stay on chip while the key blocks stream past
     do = mma_operand(do, ELEM, UPCAST)
     lse2 = tl.load(LSE + row0 + offs_m, mask=row_ok, other=float("inf"))
-    delta = tl.load(DELTA + row0 + offs_m, mask=row_ok, other=0.0)
     k_src = row_source(K + b * stride_kb + kvh * stride_kh, seqlen_k, stride_kn, stride_kd, BLOCK_N, BLOCK_D, HEAD_DIM, TMA)
     v_src = row_source(V + b * stride_vb + kvh * stride_vh, seqlen_k, stride_vn, stride_vd, BLOCK_N, BLOCK_D, HEAD_DIM, TMA)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)

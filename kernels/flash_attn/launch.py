@@ -7,6 +7,7 @@ nothing global changes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 import torch
@@ -36,6 +37,7 @@ class KernelConfig:
     num_stages: int = 2
     REVERSE: bool = False
     TMA: bool = False
+    TMA_DQ: bool = False  # bwd_fused only: dQ shares added by TMA bulk reduce-add (Hopper), not per-element atomics
 
     def launch_kwargs(self, *tensors: torch.Tensor) -> dict:
         """Kernel keyword arguments; TMA falls back to pointer loads when one of `tensors` (the
@@ -77,8 +79,8 @@ LAUNCH_TABLE: dict[tuple[str, str, str], KernelConfig] = {
     ("bwd_dq", "d128", "fp32"): dataclasses.replace(_FP32_OR_D256, REVERSE=True),
     ("bwd_dq", "d256", "fp32"): dataclasses.replace(_FP32_OR_D256, REVERSE=True),
     # bwd_fused: as bwd_dkdv, plus a (BLOCK_M, d) dQ tile added atomically per step
-    ("bwd_fused", "d64", "16bit"): KernelConfig(32, 128, num_warps=4, num_stages=3),
-    ("bwd_fused", "d128", "16bit"): KernelConfig(64, 128, num_warps=8, num_stages=3),
+    ("bwd_fused", "d64", "16bit"): KernelConfig(32, 128, num_warps=4, num_stages=3, TMA_DQ=True),
+    ("bwd_fused", "d128", "16bit"): KernelConfig(64, 128, num_warps=8, num_stages=3, TMA_DQ=True),
     ("bwd_fused", "d256", "16bit"): _FP32_OR_D256,
     ("bwd_fused", "d64", "fp32"): _FP32_OR_D256,
     ("bwd_fused", "d128", "fp32"): _FP32_OR_D256,
@@ -86,9 +88,18 @@ LAUNCH_TABLE: dict[tuple[str, str, str], KernelConfig] = {
 }
 
 
+# Read once: kernels/__init__ sets TRITON_INTERPRET before Triton is imported, and Triton reads it
+# then too (a later change would not switch Triton over). Reading os.environ per launch cost ~10 µs.
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def interpreting() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1 at import)."""
+    return _INTERPRET
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # triton.cdiv is a jit function: calling it from Python costs ~20 µs
 
 
 def kernel_config(kernel: str, block_d: int, dtype: torch.dtype, causal: bool) -> KernelConfig:
@@ -100,11 +111,23 @@ def kernel_config(kernel: str, block_d: int, dtype: torch.dtype, causal: bool) -
     REVERSE; tiles are shared by both settings."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {', '.join(map(repr, KERNELS))}, got {kernel!r}")
+    return _table_config(kernel, block_d, dtype, causal, interpreting())
+
+
+# Host time matters as much as kernel time at short sequences (N=1024: a fwd+bwd is ~0.5 ms of GPU
+# work), so what depends only on the shape class is computed once: configs, constants, capability.
+@functools.lru_cache(maxsize=None)
+def _table_config(kernel: str, block_d: int, dtype: torch.dtype, causal: bool, interpret: bool) -> KernelConfig:
     head_dim_class = "d64" if block_d <= 64 else "d128" if block_d <= 128 else "d256"
     config = LAUNCH_TABLE[kernel, head_dim_class, "fp32" if dtype == torch.float32 else "16bit"]
-    if interpreting():
-        config = KernelConfig(64, 64, REVERSE=config.REVERSE, TMA=config.TMA)
+    if interpret:
+        config = KernelConfig(64, 64, REVERSE=config.REVERSE, TMA=config.TMA, TMA_DQ=config.TMA_DQ)
     return dataclasses.replace(config, REVERSE=causal and config.REVERSE)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -117,15 +140,20 @@ def tma_ok(*tensors: torch.Tensor) -> bool:
     each tensor: unit stride along head_dim, 16-byte aligned head starts and rows (TMA's rules),
     and a Hopper-or-newer GPU (or the interpreter, which emulates descriptors)."""
     device = tensors[0].device  # the launchers have checked that q, k, v share one device
-    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
+    if device.type == "cuda" and _capability(device)[0] < 9:
         return False
     for t in tensors:
+        *outer, row, last = t.stride()
         size = t.element_size()
-        if t.stride(-1) != 1 or t.data_ptr() % 16 or t.stride(-2) == 0:
-            return False
-        if any((stride * size) % 16 for stride in t.stride()[:-1]):
+        if last != 1 or row == 0 or t.data_ptr() % 16 or (row * size) % 16 or any((s * size) % 16 for s in outer):
             return False
     return True
+
+
+def tma_reduce_ok(cfg: KernelConfig, dq_acc: torch.Tensor) -> bool:
+    """Whether the fused backward adds its dQ shares by TMA reduce-add: asked for by the config,
+    on a Hopper-or-newer GPU (the interpreter has no bulk reductions), into a buffer TMA can address."""
+    return cfg.TMA_DQ and not interpreting() and tma_ok(dq_acc)
 
 
 def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:
@@ -153,12 +181,17 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 
 def _launch_args(q: torch.Tensor) -> dict:
-    block_d = max(16, triton.next_power_of_2(q.shape[-1]))  # tl.dot needs K >= 16
+    """The kernels' shape constants (a cached dict: callers only unpack it)."""
+    return _constants(q.shape[-1], q.dtype, interpreting(), torch.backends.cuda.matmul.allow_tf32)
+
+
+@functools.lru_cache(maxsize=None)
+def _constants(head_dim: int, dtype: torch.dtype, interpret: bool, allow_tf32: bool) -> dict:
     return dict(
-        HEAD_DIM=q.shape[-1],
-        BLOCK_D=block_d,
-        UPCAST=interpreting() and q.dtype == torch.bfloat16,
-        DOT_PRECISION=_dot_precision(q.dtype),
+        HEAD_DIM=head_dim,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),  # tl.dot needs K >= 16
+        UPCAST=interpret and dtype == torch.bfloat16,
+        DOT_PRECISION=_dot_precision(dtype),
     )
 
 
@@ -172,7 +205,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     lse2 = torch.empty((batch, heads_q, seqlen_q), device=q.device, dtype=torch.float32)
     consts = _launch_args(q)
     cfg = config or kernel_config("fwd", consts["BLOCK_D"], q.dtype, causal)
-    grid = (triton.cdiv(seqlen_q, cfg.BLOCK_M), heads_q, batch)
+    grid = (_cdiv(seqlen_q, cfg.BLOCK_M), heads_q, batch)
     fwd_kernel[grid](
         q, k, v, o, lse2, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E.value,
@@ -186,7 +219,7 @@ def backward_delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
     batch, heads_q, seqlen_q, head_dim = o.shape
     delta = torch.empty((batch, heads_q, seqlen_q), device=o.device, dtype=torch.float32)
     block_m = 64
-    bwd_preprocess_kernel[(triton.cdiv(seqlen_q, block_m), heads_q, batch)](
+    bwd_preprocess_kernel[(_cdiv(seqlen_q, block_m), heads_q, batch)](
         o, do, delta, *o.stride(), *do.stride(), heads_q, seqlen_q,
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=block_m,
     )
@@ -201,37 +234,40 @@ def _launch_key_blocks(do, q, k, v, lse2, delta, causal: bool, scale: float, cfg
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dq_args = (None,) * 5 if dq_acc is None else (dq_acc, *dq_acc.stride())
-    bwd_kv_kernel[(triton.cdiv(seqlen_k, cfg.BLOCK_N), heads_kv, batch)](
+    bwd_kv_kernel[(_cdiv(seqlen_k, cfg.BLOCK_N), heads_kv, batch)](
         q, k, v, do, lse2, delta, dk, dv, dq_args[0],
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *dq_args[1:],
         heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E.value, scale,
-        CAUSAL=causal, ATOMIC_DQ=dq_acc is not None, **cfg.launch_kwargs(q, do), **consts,
+        CAUSAL=causal, ATOMIC_DQ=dq_acc is not None, TMA_DQ=dq_acc is not None and tma_reduce_ok(cfg, dq_acc),
+        **cfg.launch_kwargs(q, do), **consts,
     )
     return dk, dv
 
 
 def backward_dkdv(do, q, k, v, lse2, delta, causal: bool, scale: float,
                   config: KernelConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The deterministic schedule's first pass: dK, dV."""
+    """The deterministic schedule's second pass: dK, dV, from the delta the first one wrote."""
     consts = _launch_args(q)
     cfg = config or kernel_config("bwd_dkdv", consts["BLOCK_D"], q.dtype, causal)
     return _launch_key_blocks(do, q, k, v, lse2, delta, causal, scale, cfg, consts, dq_acc=None)
 
 
-def backward_dq(do, q, k, v, lse2, delta, causal: bool, scale: float, config: KernelConfig | None = None) -> torch.Tensor:
-    """The deterministic schedule's second pass: dQ."""
+def backward_dq(do, q, k, v, o, lse2, causal: bool, scale: float,
+                config: KernelConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The deterministic schedule's first pass: dQ, and delta (float32 (B, Hq, Nq)) for the second."""
     batch, heads_q, seqlen_q, _ = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     consts = _launch_args(q)
     cfg = config or kernel_config("bwd_dq", consts["BLOCK_D"], q.dtype, causal)
     dq = torch.empty_like(q)
-    bwd_dq_kernel[(triton.cdiv(seqlen_q, cfg.BLOCK_M), heads_q, batch)](
-        q, k, v, do, lse2, delta, dq,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+    delta = torch.empty((batch, heads_q, seqlen_q), device=q.device, dtype=torch.float32)
+    bwd_dq_kernel[(_cdiv(seqlen_q, cfg.BLOCK_M), heads_q, batch)](
+        q, k, v, o, do, lse2, delta, dq,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(), *do.stride(), *dq.stride(),
         heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E.value, scale,
         CAUSAL=causal, **cfg.launch_kwargs(k, v), **consts,
     )
-    return dq
+    return dq, delta
 
 
 def backward_fused(do, q, k, v, lse2, delta, causal: bool, scale: float,
@@ -246,12 +282,40 @@ def backward_fused(do, q, k, v, lse2, delta, causal: bool, scale: float,
     return dq_acc.to(q.dtype), dk, dv  # the cast is a no-op for float32 inputs
 
 
+def fastest_schedule(q: torch.Tensor) -> str:
+    """The backward schedule that measured fastest for q's device, head dim and dtype, among the
+    exact ones; the one `deterministic=False` runs.
+
+    The interpreter: fused (half the programs × key blocks of the two passes). A Hopper GPU: fused
+    where its dQ adds go through TMA reduce-add and FUSED_FASTER measured it ahead (docs/perf-notes.md,
+    v4). Elsewhere two-pass: per-element float32 atomics made the fused schedule slower on every
+    shape measured (H200; no older GPU was measured, so they keep the schedule that needs no atomics)."""
+    if interpreting():
+        return "fused"
+    if q.device.type != "cuda" or _capability(q.device)[0] < 9:
+        return "two_pass"
+    block_d = _launch_args(q)["BLOCK_D"]
+    head_dim_class = "d64" if block_d <= 64 else "d128" if block_d <= 128 else "d256"
+    return "fused" if FUSED_FASTER.get((head_dim_class, "fp32" if q.dtype == torch.float32 else "16bit"), False) else "two_pass"
+
+
+# (padded head dim, dtype class) where the fused schedule with TMA reduce-add beat the two passes
+# on the H200 (fwd+bwd, N=1024..32768, causal and full): see docs/perf-notes.md, v4.
+FUSED_FASTER: dict[tuple[str, str], bool] = {}
+
+SCHEDULES = ("two_pass", "fused", "fastest")
+
+
 def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse2: torch.Tensor,
-             causal: bool, scale: float, deterministic: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dQ, dK, dV) with the table's configs: two passes if deterministic, else the fused one."""
-    delta = backward_delta(o, do)
-    if not deterministic:
-        return backward_fused(do, q, k, v, lse2, delta, causal, scale)
+             causal: bool, scale: float, schedule: str = "two_pass") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ, dK, dV) with the table's configs. schedule: "two_pass" (deterministic), "fused" (one
+    pass, dQ summed by atomic adds) or "fastest" (fastest_schedule's pick for these inputs)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(map(repr, SCHEDULES))}, got {schedule!r}")
+    if schedule == "fastest":
+        schedule = fastest_schedule(q)
+    if schedule == "fused":
+        return backward_fused(do, q, k, v, lse2, backward_delta(o, do), causal, scale)
+    dq, delta = backward_dq(do, q, k, v, o, lse2, causal, scale)
     dk, dv = backward_dkdv(do, q, k, v, lse2, delta, causal, scale)
-    dq = backward_dq(do, q, k, v, lse2, delta, causal, scale)
     return dq, dk, dv

@@ -13,15 +13,15 @@ from kernels.flops import attention_flops
 
 @torch.library.custom_op("flashgpt::flash_attn_fwd", mutates_args=())
 def flash_attn_fwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, deterministic: bool = True,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, schedule: str = "two_pass",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    # `deterministic` does not change the forward: it is an input here so that autograd's
-    # setup_context can hand it to the backward op
+    # `schedule` (the backward's: launch.SCHEDULES) does not change the forward: it is an input
+    # here so that autograd's setup_context can hand it to the backward op
     return launch.forward(q, k, v, causal, scale)
 
 
 @flash_attn_fwd.register_fake
-def _(q, k, v, causal, scale, deterministic=True):
+def _(q, k, v, causal, scale, schedule="two_pass"):
     batch, heads_q, seqlen_q, _ = q.shape
     return torch.empty_like(q), q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
 
@@ -29,26 +29,26 @@ def _(q, k, v, causal, scale, deterministic=True):
 @torch.library.custom_op("flashgpt::flash_attn_bwd", mutates_args=())
 def flash_attn_bwd(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse2: torch.Tensor,
-    causal: bool, scale: float, deterministic: bool = True,
+    causal: bool, scale: float, schedule: str = "two_pass",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return launch.backward(do, q, k, v, o, lse2, causal, scale, deterministic)
+    return launch.backward(do, q, k, v, o, lse2, causal, scale, schedule)
 
 
 @flash_attn_bwd.register_fake
-def _(do, q, k, v, o, lse2, causal, scale, deterministic=True):
+def _(do, q, k, v, o, lse2, causal, scale, schedule="two_pass"):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, causal, scale, deterministic = inputs
+    q, k, v, causal, scale, schedule = inputs
     o, lse2 = output
     ctx.save_for_backward(q, k, v, o, lse2)
-    ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
+    ctx.causal, ctx.scale, ctx.schedule = causal, scale, schedule
 
 
 def _backward(ctx, do, _dlse):
     q, k, v, o, lse2 = ctx.saved_tensors
-    dq, dk, dv = flash_attn_bwd(do, q, k, v, o, lse2, ctx.causal, ctx.scale, ctx.deterministic)
+    dq, dk, dv = flash_attn_bwd(do, q, k, v, o, lse2, ctx.causal, ctx.scale, ctx.schedule)
     return dq, dk, dv, None, None, None
 
 

@@ -30,6 +30,21 @@ def mma_operand(x, ELEM: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def dot_acc(a, b, acc, DOT_PRECISION: tl.constexpr):
+    """acc + a @ b, for the backward's accumulators (dK, dV over query blocks, dQ over key blocks).
+
+    With true float32 products (DOT_PRECISION "ieee": FMA loops, no tensor cores) a dot sums its
+    inner dimension sequentially, so handing it `acc` chains every block into one sequential sum
+    whose float32 error grows with the sequence (3x PyTorch's on the H200 for dV summed over 510
+    rows). There each block's product is summed from zero and then added: a two-level sum. The add
+    is an fma(x, 1, acc) because Triton folds `dot(a, b) + acc` back into dot(a, b, acc)."""
+    if DOT_PRECISION == "ieee":
+        return tl.fma(tl.dot(a, b, input_precision=DOT_PRECISION), 1.0, acc)
+    else:
+        return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
 def causal_bounds(start, BLOCK: tl.constexpr, BLOCK_OTHER: tl.constexpr, seqlen_k, offset, CAUSAL: tl.constexpr):
     """Key range for the query rows [start, start + BLOCK): keys below `full_end` are visible to
     every row and in range (no mask needed); keys in [full_end, hi) need the mask."""

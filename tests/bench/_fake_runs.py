@@ -4,8 +4,8 @@ import json
 
 from omegaconf import OmegaConf
 
-OK = {"status": "ok", "perf/tokens_per_s": 125_700.0, "perf/step_ms": 130.3, "perf/peak_mem_gib": 40.5,
-      "perf/mfu": 0.41, "final/val_loss": 3.21, "final/train_loss": 3.3}
+OK = {"status": "ok", "final/tokens_per_s_median": 125_700.0, "final/step_ms_median": 130.3,
+      "final/peak_mem_gib": 40.5, "final/mfu_median": 0.41, "final/val_loss": 3.21, "final/train_loss": 3.3}
 
 
 def fake_run(root, name, attention, seq_len, summary=None, steps=3, backend=None, **config):

@@ -11,7 +11,7 @@ CPU = torch.device("cpu")
 
 
 def test_impl_registry_names_and_defaults():
-    assert set(IMPL_NAMES) == {"naive", "flash", "flash_fused", "sdpa", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math", "flex"}
+    assert set(IMPL_NAMES) == {"naive", "flash", "flash_two_pass", "flash_fused", "sdpa", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math", "flex"}
     assert "flex" not in default_impls(CPU) and default_impls(torch.device("cuda")) == list(IMPL_NAMES)
     with pytest.raises(ValueError, match="naive"):
         make_impl("flash2")

@@ -28,7 +28,7 @@ def test_attention_plots_written_with_oom_frontier(tmp_path):
 
 def test_train_sweep_plot_with_an_oom(tmp_path):
     rows = [dict(model="gpt2", attention=a, seq_len=n, tokens_per_s=None if oom else 1e5 / n * 1024,
-                 peak_mem_gib=None if oom else n / 1024, status="oom" if oom else "ok")
+                 peak_mem_gib=None if oom else n / 1024, status="oom" if oom else "ok", run_dir=str(tmp_path))
             for a in ("naive", "flash") for n in (1024, 2048) for oom in [a == "naive" and n == 2048]]
     path = plots.plot_train_sweep(rows, tmp_path / "sub" / "sweep.png")
     assert path.stat().st_size > 10_000

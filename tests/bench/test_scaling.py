@@ -44,7 +44,7 @@ def test_more_gpus_than_the_machine_has_is_refused_before_anything_runs(tmp_path
 def test_report_rows_and_efficiency_from_run_folders(tmp_path, capsys):
     runs = tmp_path / "runs"
     fake_run(runs, "flash-1gpu", "flash", 8192, OK, parallel="ddp", batch_size=2)
-    fake_run(runs, "flash-ddp-2gpu", "flash", 8192, {**OK, "ranks": 2, "perf/tokens_per_s": 226_260.0}, parallel="ddp", batch_size=4)
+    fake_run(runs, "flash-ddp-2gpu", "flash", 8192, {**OK, "ranks": 2, "final/tokens_per_s_median": 226_260.0}, parallel="ddp", batch_size=4)
     died = fake_run(runs, "flash-fsdp-2gpu", "flash", 8192, None, steps=0, parallel="fsdp", batch_size=4)
     (died / scaling.LAUNCH_FILE).write_text(json.dumps({"gpus": 2, "parallel": "fsdp", "command": []}))
     out = tmp_path / "scaling.json"

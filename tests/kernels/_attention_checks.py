@@ -12,9 +12,9 @@ from typing import Callable, Iterator
 import pytest
 import torch
 
-from kernels import flash_attention
-from kernels.flash_attn import launch
+from kernels.flash_attn import check_inputs, launch
 from kernels.flash_attn.launch import KernelConfig
+from kernels.flash_attn.op import flash_attn_fwd
 from kernels.reference import attention_backward_reference, attention_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -112,12 +112,20 @@ def assert_within_rule(name: str, got: torch.Tensor, ref: torch.Tensor, standard
     )
 
 
-def check_against_reference(q, k, v, causal, softmax_scale=None, deterministic=True):
+def flash_scheduled(q, k, v, causal=False, softmax_scale=None, schedule="two_pass"):
+    """flash_attention with its backward schedule forced (one of launch.SCHEDULES): the public
+    function derives it from `deterministic` and the device, the tests must reach each one anywhere."""
+    check_inputs(q, k, v, causal, softmax_scale)
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    return flash_attn_fwd(q, k, v, causal, scale, schedule)[0]
+
+
+def check_against_reference(q, k, v, causal, softmax_scale=None, schedule="two_pass"):
     """Run kernel, float64 reference and the plain-dtype standard; apply the exactness rule.
-    `deterministic` picks the kernel's backward (False: the single-pass one with atomic dQ)."""
+    `schedule` picks the kernel's backward ("fused": the single pass with atomic dQ adds)."""
     do = torch.randn(q.shape, device=q.device, dtype=torch.float64)
     kw = dict(causal=causal, softmax_scale=softmax_scale)
-    out, grads = run_fwd_bwd(flash_attention, q, k, v, do, deterministic=deterministic, **kw)
+    out, grads = run_fwd_bwd(flash_scheduled, q, k, v, do, schedule=schedule, **kw)
     ref, ref_grads = run_fwd_bwd(attention_reference, *float64(q, k, v), do, **kw)
     std, std_grads = run_fwd_bwd(attention_reference, q, k, v, do, dtype=None, **kw)
     assert out.dtype == q.dtype and out.shape == q.shape

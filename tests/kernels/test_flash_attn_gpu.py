@@ -39,6 +39,6 @@ def _cases():
 @pytest.mark.parametrize("head_dim,seqlen_q,seqlen_k,heads,dtype,causal,tma", list(_cases()))
 def test_shape_class_on_gpu(head_dim, seqlen_q, seqlen_k, heads, dtype, causal, tma):
     q, k, v = make_qkv(1, heads[0], heads[1], seqlen_q, seqlen_k, head_dim, dtype)
-    with launch_table_changed(lambda name, config: dict(TMA=False) if tma == "off" else {}):
-        for deterministic in (True, False):
-            check_against_reference(q, k, v, causal, deterministic=deterministic)
+    with launch_table_changed(lambda name, config: dict(TMA=False, TMA_DQ=False) if tma == "off" else {}):
+        for schedule in ("two_pass", "fused"):
+            check_against_reference(q, k, v, causal, schedule=schedule)

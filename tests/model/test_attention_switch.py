@@ -45,7 +45,7 @@ def test_switch_names_mirror_the_attention_config_group():
     assert sdpa_backend == "auto"
 
 
-@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("deterministic", [True, False, "auto"])
 def test_flash_goes_through_the_kernel(deterministic):
     attend = get_attention("flash", deterministic=deterministic)
     q, k, v = (torch.randn(1, 2, 24, 16, requires_grad=True) for _ in range(3))
@@ -63,7 +63,7 @@ def test_flash_goes_through_the_kernel(deterministic):
         ("flashy", {}, "attention.name='flashy' is unknown; choose one of naive, sdpa, flash"),
         ("sdpa", {"backend": "fast"}, "attention.backend='fast' is not one of auto, " + ", ".join(SDPA_BACKENDS)),
         ("naive", {"backend": "math"}, "attention=naive does not accept options ['backend']"),
-        ("flash", {"deterministic": "no"}, "attention.deterministic must be true or false (got 'no')"),
+        ("flash", {"deterministic": "no"}, "attention.deterministic must be auto, true or false (got 'no')"),
     ],
 )
 def test_bad_choices_fail_loudly(name, options, message):

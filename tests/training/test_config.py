@@ -54,13 +54,14 @@ def test_sdpa_backend_override():
     assert cfg.attention.backend == "cudnn"
 
 
-def test_flash_deterministic_defaults_true_and_false_gets_its_own_label():
+def test_flash_deterministic_defaults_auto_and_true_gets_its_own_label():
     cfg = compose_config()
     validate_config(cfg)
-    assert cfg.attention.deterministic is True and attention_label(cfg) == "flash"
-    cfg = compose_config("attention.deterministic=false")
+    assert cfg.attention.deterministic == "auto" and attention_label(cfg) == "flash"
+    assert attention_label(compose_config("attention.deterministic=false")) == "flash"
+    cfg = compose_config("attention.deterministic=true")
     validate_config(cfg)
-    assert attention_label(cfg) == "flash_fused"  # run names tell the two backward schedules apart
+    assert attention_label(cfg) == "flash_two_pass"  # run names tell the forced two-pass backward apart
 
 
 def test_every_key_has_a_comment():
@@ -102,6 +103,7 @@ def test_experiments_show_their_command():
             "attention.backend must be one of auto, cudnn, flash, efficient, math (got 'fast')",
         ),
         (["attention.name=flashy"], "attention.name='flashy' is unknown; choose one of naive, sdpa, flash"),
+        (["attention.deterministic=maybe"], "attention.deterministic must be auto, true or false (got 'maybe')"),
     ],
 )
 def test_invalid_values_name_the_field(overrides, message):

@@ -8,7 +8,6 @@ references run train() in this process on the same composed config.
 """
 
 import contextlib
-import gc
 import json
 import os
 import runpy
@@ -23,14 +22,13 @@ from typing import Callable
 
 import pytest
 import torch
-from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from _torchrun import run_on_ranks
+from conftest import REPO, SHRINK, compose_config
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 import data.dataset
 import data.tokenizer
 import training.loop
-from conftest import REPO, SHRINK, compose_config
 from training import distributed, train
 from training.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from training.config import ConfigError, validate_config
@@ -60,28 +58,7 @@ def launch(
     scratch = tmp_path / "scratch"
     scratch.mkdir(exist_ok=True)
     argv = [*base, *overrides, f"hydra.run.dir={run_dir}", f"cache_dir={tmp_path / 'cache'}"]
-    config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=uuid.uuid4().hex, rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0", max_restarts=0, start_method="fork", monitor_interval=0.05,
-        logs_specs=DefaultLogsSpecs(log_dir=str(tmp_path / "torchelastic")),
-    )
-    # Modules the workers would import lazily (DDP imports torch._dynamo, FSDP its own stack): once here,
-    # so every forked worker inherits them instead of spending seconds on each launch.
-    import torch._dynamo  # noqa: F401
-    import torch.distributed.checkpoint.state_dict  # noqa: F401
-    import torch.distributed.fsdp  # noqa: F401
-
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}  # the agent installs its own
-    # Forked workers must not garbage-collect this process's leftovers (e.g. an earlier launch's
-    # TCPStore, whose threads do not exist in the child): collect them here, freeze the rest.
-    gc.collect()
-    gc.freeze()
-    try:
-        elastic_launch(config, _worker)(argv, str(scratch), prepare)
-    finally:
-        gc.unfreeze()
-        for s, handler in handlers.items():
-            signal.signal(s, handler)
+    run_on_ranks(tmp_path, nprocs, _worker, argv, str(scratch), prepare)
     return run_dir
 
 
@@ -181,18 +158,6 @@ def test_two_fsdp_ranks_resume_a_single_process_checkpoint_and_save_a_full_one(t
     launch(tmp_path, 2, "parallel=fsdp", "ckpt_every=2", "resume=true", run_dir=one)
     assert "ranks=2, parallel=fsdp, micro_batch=2" in (one / "train.log").read_text()
     assert_same_run(one, straight)  # FSDP's sharded state, gathered, in the single-process layout
-
-
-@pytest.mark.slow
-def test_checkpointing_and_the_chunked_loss_under_fsdp_equal_the_plain_run(tmp_path, straight):
-    """Two FSDP ranks with every block checkpointed and the loss in chunks: the same run as one process
-    without either. The recompute runs inside FSDP's hooks on the block, which gather the parameters
-    the rerun forward needs (and the root's for the loss chunks). (DDP, whose hooks only reduce
-    gradients, passes the same test: ~5 s more, left out of the suite.)"""
-    two = launch(tmp_path, 2, "parallel=fsdp", "ckpt_every=2", "checkpointing=blocks", "loss_chunk=24")
-    assert "parallel=fsdp, micro_batch=2, estimated_step_gib=" in (two / "train.log").read_text()
-    assert json.loads((two / SUMMARY_FILE).read_text())["checkpointing"] == "blocks"
-    assert_same_run(two, straight)
 
 
 @pytest.mark.slow

@@ -63,15 +63,18 @@ def test_metrics_jsonl_summary_and_mfu(tiny_cfg, pattern_data):
     out = Path(cfg.out_dir)
     rows, summaries = read_metrics(out)
     flops = json.loads((out / METRICS_FILE).read_text().splitlines()[0])  # the step's FLOPs, split up
-    assert flops["step"] == 0 and flops["flops/attn_bwd"] >= 2 * flops["flops/attn_fwd"] > 0
+    assert flops["step"] == 0 and flops["flops/attn_bwd_executed"] >= 2 * flops["flops/attn_fwd_executed"] > 0
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for r in rows:
-        assert {"train/loss", "lr", "perf/step_ms", "perf/tokens_per_s", "perf/mfu"} <= r.keys()
+        assert {"train/loss", "lr", "perf/step_ms", "perf/tokens_per_s", "perf/mfu", "time/elapsed_s"} <= r.keys()
         assert r["perf/tokens_per_s"] == pytest.approx(4 * 32 / (r["perf/step_ms"] / 1e3))
+        assert r["train/tokens"] == r["step"] * 4 * 32
     assert [r["step"] for r in rows if "val/loss" in r] == [2, 4]
     assert summaries == [summary] == [json.loads((out / SUMMARY_FILE).read_text())]
     assert summary["status"] == "ok" and summary["final/train_loss"] == rows[-1]["train/loss"]
-    assert 0 < summary["perf/mfu"] < 1 and "perf/peak_mem_gib" not in summary  # no GPU memory on CPU
+    assert 0 < summary["final/mfu_median"] < 1 and "final/peak_mem_gib" not in summary  # no GPU memory on CPU
+    # the run's aggregates are named apart from the per-step values (one step's number is not the run's)
+    assert not any(key.startswith("perf/") for key in summary)
 
 
 def test_out_of_memory_is_reported_not_raised(tiny_cfg, pattern_data, monkeypatch, caplog):
@@ -111,8 +114,8 @@ def poison(monkeypatch):
     def arm(kind: str, steps: set[int]) -> list[int]:
         forward, calls = GPT.forward, []
 
-        def poisoned(self, idx, targets=None):
-            logits, loss = forward(self, idx, targets)
+        def poisoned(self, idx, targets=None, positions=None):
+            logits, loss = forward(self, idx, targets, positions)
             if torch.is_grad_enabled() and idx.device.type != "meta":  # training: not evaluation, not FLOP counting
                 calls.append(len(calls) + 1)
                 if calls[-1] in steps:

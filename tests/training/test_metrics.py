@@ -1,8 +1,8 @@
-"""training/metrics.py: metrics.jsonl and summary.json written whole and read back, run labels, wandb."""
+"""training/metrics.py: metrics.jsonl and summary.json written whole and read back, run labels, wandb
+disabled (what an offline wandb run holds: test_wandb_run.py)."""
 
 import json
 import logging
-import time
 from pathlib import Path
 
 import pytest
@@ -32,11 +32,14 @@ def test_metrics_lines_are_on_disk_at_once_and_a_torn_line_is_skipped(tmp_path, 
         logger = MetricsLogger(tiny_cfg(), out, derived={})  # the resumed run appends
         assert "ends in a torn line" in caplog.text
         logger.log(3, {"train/loss": 3.0})
-        # Unbuffered: a reader (or a SIGKILL) sees the whole line before log() returns.
-        assert (out / METRICS_FILE).read_text().endswith('{"step": 3, "train/loss": 3.0}\n')
+        # Unbuffered: a reader (or a SIGKILL) sees the whole line before log() returns. The row gains
+        # the tokens so far (3 steps × batch 4 × seq_len 32) and the seconds since the logger started.
+        last = json.loads((out / METRICS_FILE).read_text().splitlines()[-1])
+        assert last == {"step": 3, "train/loss": 3.0, "train/tokens": 3 * 4 * 32, "time/elapsed_s": last["time/elapsed_s"]}
+        assert 0 <= last["time/elapsed_s"] < 5
         logger.finish({"status": "ok"})
         records = read_jsonl(out / METRICS_FILE)
-    assert records == [*whole, {"step": 3, "train/loss": 3.0}, {"summary": {"status": "ok"}}]
+    assert records == [*whole, last, {"summary": {"status": "ok"}}]
     assert "skipped 1 unreadable line(s)" in caplog.text and "line [3]" in caplog.text
     assert json.loads((out / SUMMARY_FILE).read_text()) == {"status": "ok"}
     assert [p.name for p in out.iterdir() if p.name.endswith(".tmp")] == []
@@ -69,7 +72,7 @@ def test_summary_is_replaced_whole_or_not_at_all(tmp_path, tiny_cfg, monkeypatch
         (["attention=sdpa"], "sdpa"),
         (["attention=sdpa", "attention.backend=cudnn"], "sdpa_cudnn"),
         (["attention=flash"], "flash"),
-        (["attention=flash", "attention.deterministic=false"], "flash_fused"),
+        (["attention=flash", "attention.deterministic=true"], "flash_two_pass"),
     ],
 )
 def test_attention_label_names_each_variant_once(overrides, label):
@@ -83,26 +86,6 @@ def test_ranks_other_than_0_write_nothing(tmp_path):
     metrics.log(1, {"train/loss": 1.0})
     metrics.finish({"status": "ok"})
     assert list(tmp_path.iterdir()) == []
-
-
-@pytest.mark.slow
-def test_wandb_offline_writes_a_run(tiny_cfg, pattern_data, monkeypatch, tmp_path):
-    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))  # keep ~/.config clean
-    cfg = tiny_cfg("attention=sdpa", "steps=2", "logger=wandb", "logger.group=tests")
-    train(cfg)
-    runs = list((Path(cfg.out_dir) / "wandb").glob("offline-run-*"))
-    assert len(runs) == 1, runs
-    records = list(runs[0].glob("run-*.wandb"))
-    assert len(records) == 1
-    expected = (b"sdpa-tiny-n32", b"tests", b"train/loss", b"perf/tokens_per_s", b"status")
-    # wandb's service process writes the file; on a loaded machine it can still be flushing when
-    # finish() returns, so give it time before reading (protobuf records: names appear as bytes)
-    deadline = time.monotonic() + 60
-    while not all(t in records[0].read_bytes() for t in expected) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    data = records[0].read_bytes()
-    for text in expected:
-        assert text in data, (text, len(data))
 
 
 def test_wandb_disabled_still_writes_metrics(tiny_cfg, pattern_data):

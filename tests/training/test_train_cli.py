@@ -61,8 +61,8 @@ def test_cli_config_error_is_one_line(tmp_path, override, message):
         ("lr=abc", "Error merging override lr=abc (lr: Value 'abc' of type 'str' could not be converted to Float)"),
         ("model.n_layer=two", "Error merging override model.n_layer=two (model.n_layer: Value 'two' of type 'str' "
                               "could not be converted to Integer)"),
-        ("attention.deterministic=maybe", "Error merging override attention.deterministic=maybe "
-                                          "(attention.deterministic: Value 'maybe' is not a valid bool (type str))"),
+        ("model.dropout=some", "Error merging override model.dropout=some (model.dropout: Value 'some' of type 'str' "
+                               "could not be converted to Float)"),
         ("seq_length=64", "Could not override 'seq_length'. To append to your config use +seq_length=64 "
                           "(seq_length: Key 'seq_length' not in 'TrainConfig')"),
         ("attention=flashy", "In 'config': Could not find 'attention/flashy'; Available options in 'attention': "
