@@ -25,6 +25,30 @@ def causal_mask(seqlen_q: int, seqlen_k: int, device: torch.device | str = "cpu"
     return cols <= rows + (seqlen_k - seqlen_q)
 
 
+def attention_mask(
+    seqlen_q: int, seqlen_k: int, causal: bool = False, window_size: tuple[int, int] = (-1, -1),
+    document_ids: torch.Tensor | None = None, device: torch.device | str = "cpu",
+) -> torch.Tensor | None:
+    """Bool mask, True where query i may see key j, broadcastable to (batch, heads, seqlen_q, seqlen_k):
+    (seqlen_q, seqlen_k) for positional masks, (batch, 1, seqlen, seqlen) with document ids; None
+    when nothing is masked. The window and documents follow flash_attention's contract."""
+    left, right = window_size
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    mask = None
+    if left >= 0 or right >= 0:
+        rel = torch.arange(seqlen_k, device=device)[None, :] - torch.arange(seqlen_q, device=device)[:, None] - (seqlen_k - seqlen_q)
+        mask = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+        if left >= 0:
+            mask &= rel >= -left
+        if right >= 0:
+            mask &= rel <= right
+    if document_ids is not None:
+        same = document_ids[:, None, :, None] == document_ids[:, None, None, :]
+        mask = same if mask is None else same & mask
+    return mask
+
+
 def attention_reference(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -32,6 +56,8 @@ def attention_reference(
     causal: bool = False,
     softmax_scale: float | None = None,
     dtype: torch.dtype | None = torch.float64,
+    window_size: tuple[int, int] = (-1, -1),
+    document_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention with the same contract as `flash_attention`, computed naively in `dtype`
     (None keeps the inputs' dtype). Differentiable; rows that see no key give zeros."""
@@ -41,8 +67,8 @@ def attention_reference(
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # GQA: head h reads kv head h // group
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, Nq, Nk)
-    if causal:
-        visible = causal_mask(q.shape[2], k.shape[2], q.device)
+    visible = attention_mask(q.shape[2], k.shape[2], causal, window_size, document_ids, q.device)
+    if visible is not None:
         scores = scores.masked_fill(~visible, float("-inf"))
         # a row with no visible key would be softmax(-inf, ..., -inf) = NaN; define it as zeros
         scores = scores.masked_fill(~visible.any(-1, keepdim=True), 0.0)
@@ -59,6 +85,8 @@ def attention_backward_reference(
     do: torch.Tensor,
     causal: bool = False,
     softmax_scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    document_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of `attention_reference` in the inputs' dtype, by the formulas the kernel uses.
 
@@ -70,9 +98,11 @@ def attention_backward_reference(
     kr, vr = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     with torch.no_grad():
-        o = attention_reference(q, k, v, causal, softmax_scale, dtype=None)
+        o = attention_reference(q, k, v, causal, softmax_scale, dtype=None, window_size=window_size, document_ids=document_ids)
         scores = (q @ kr.transpose(-2, -1)) * scale
-        visible = causal_mask(q.shape[2], k.shape[2], q.device) if causal else torch.ones_like(scores, dtype=torch.bool)
+        visible = attention_mask(q.shape[2], k.shape[2], causal, window_size, document_ids, q.device)
+        if visible is None:
+            visible = torch.ones_like(scores, dtype=torch.bool)
         probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1).nan_to_num(0.0)  # no-key rows: 0
         do = do.to(q.dtype)
         delta = (do * o).sum(-1, keepdim=True)

@@ -6,7 +6,10 @@ Convention (stated wherever an MFU is reported):
   weight) + 4·P backward (gradients w.r.t. activations and weights).
 - Attention part, per layer, from kernels.flops.attention_flops: forward 4·d·pairs plus a
   backward that keeps P, 8·d·pairs ("bwd_stored_p"), i.e. the FLOPs the model needs, not the
-  extra 2·d·pairs FlashAttention spends recomputing QKᵀ. pairs are causal: N(N+1)/2 per head.
+  extra 2·d·pairs FlashAttention spends recomputing QKᵀ. pairs are causal: N(N+1)/2 per head,
+  or those of the causal sliding window (attention.window). Document masks change the pairs with
+  every batch; the per-token figure leaves them out, so under data.document_mask it is an upper
+  bound of the FLOPs the model needs (FlopCounterMode counts a batch's real pairs).
 
 MFU counts those model FLOPs; HFU (hardware FLOPs utilisation, as in Korthikanti et al. 2022)
 adds what the hardware runs again to save memory (recompute_flops_per_token): the attention
@@ -35,17 +38,20 @@ HFU_CONVENTION = (
 )
 
 
-def flops_per_token(cfg: GPTConfig, n_params: int) -> float:
-    """Training FLOPs (forward + backward) per token of a seq_len-long causal sequence."""
+def flops_per_token(cfg: GPTConfig, n_params: int, window_size: tuple[int, int] = (-1, -1)) -> float:
+    """Training FLOPs (forward + backward) per token of a seq_len-long causal sequence
+    (window_size: flash-attn's (left, right) of a sliding window, model.attention.window_size)."""
     n = cfg.seq_len
     attn_per_seq = sum(
-        attention_flops(1, cfg.n_head, n, n, cfg.head_dim, causal=True, pass_=p)
+        attention_flops(1, cfg.n_head, n, n, cfg.head_dim, causal=True, pass_=p, window_size=window_size)
         for p in ("fwd", "bwd_stored_p")
     )
     return 6.0 * n_params + cfg.n_layer * attn_per_seq / n
 
 
-def recompute_flops_per_token(cfg: GPTConfig, attention: str, checkpointing: bool, loss_chunk: int) -> dict[str, float]:
+def recompute_flops_per_token(
+    cfg: GPTConfig, attention: str, checkpointing: bool, loss_chunk: int, window_size: tuple[int, int] = (-1, -1)
+) -> dict[str, float]:
     """FLOPs per token the hardware runs beyond flops_per_token, by cause (0 where it does not apply).
 
     attention_bwd: FlashAttention-style backwards (ours, and SDPA's cuDNN / flash / efficient
@@ -57,7 +63,8 @@ def recompute_flops_per_token(cfg: GPTConfig, attention: str, checkpointing: boo
     lm_head: a chunked loss rebuilds each chunk's logits: 2·V·C per token.
     """
     n, C, L = cfg.seq_len, cfg.n_embd, cfg.n_layer
-    per_layer = {p: attention_flops(1, cfg.n_head, n, n, cfg.head_dim, True, p) / n for p in ("fwd", "bwd", "bwd_stored_p")}
+    per_layer = {p: attention_flops(1, cfg.n_head, n, n, cfg.head_dim, True, p, window_size=window_size) / n
+                 for p in ("fwd", "bwd", "bwd_stored_p")}
     return {
         "attention_bwd": L * (per_layer["bwd"] - per_layer["bwd_stored_p"]) if attention != "naive" else 0.0,
         "blocks": L * (2 * 8 * C * C + per_layer["fwd"]) if checkpointing else 0.0,

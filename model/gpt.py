@@ -50,13 +50,15 @@ class CausalSelfAttention(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.attend = attend
 
-    def forward(self, x: Tensor, rope: Rope | None = None) -> Tensor:
+    def forward(self, x: Tensor, rope: Rope | None = None, document_ids: Tensor | None = None) -> Tensor:
         B, N, C = x.shape
         # (B, N, 3C) -> three (B, H, N, D) views; strided, which every attend() accepts.
         q, k, v = self.qkv(x).view(B, N, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
         if rope is not None:  # every attention sees the same rotated q and k
             q, k = apply_rope(q, rope), apply_rope(k, rope)
-        o = self.attend(q, k, v, causal=True)  # (B, H, N, D)
+        # document ids only when there are any: context parallelism's ring attends take (q, k, v, causal)
+        extra = {} if document_ids is None else {"document_ids": document_ids}
+        o = self.attend(q, k, v, causal=True, **extra)  # (B, H, N, D)
         return self.dropout(self.proj(o.transpose(1, 2).reshape(B, N, C)))
 
 
@@ -80,15 +82,15 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.checkpointing = False  # GPT.set_checkpointing
 
-    def forward(self, x: Tensor, rope: Rope | None = None) -> Tensor:
+    def forward(self, x: Tensor, rope: Rope | None = None, document_ids: Tensor | None = None) -> Tensor:
         if self.checkpointing and torch.is_grad_enabled():
-            # Keep only x (and rope); the backward reruns _forward to rebuild the rest. Inside forward,
+            # Keep only the inputs; the backward reruns _forward to rebuild the rest. Inside forward,
             # so DDP/FSDP hooks on the block stay outside the recomputed region and torch.compile traces it.
-            return checkpoint(self._forward, x, rope, use_reentrant=False)
-        return self._forward(x, rope)
+            return checkpoint(self._forward, x, rope, document_ids, use_reentrant=False)
+        return self._forward(x, rope, document_ids)
 
-    def _forward(self, x: Tensor, rope: Rope | None) -> Tensor:
-        x = x + self.attn(self.ln_1(x), rope)  # pre-LN: normalise the branch input, keep the residual raw
+    def _forward(self, x: Tensor, rope: Rope | None, document_ids: Tensor | None) -> Tensor:
+        x = x + self.attn(self.ln_1(x), rope, document_ids)  # pre-LN: normalise the branch input, keep the residual raw
         return x + self.mlp(self.ln_2(x))
 
 
@@ -146,13 +148,16 @@ class GPT(nn.Module):
         return n - self.wpe.weight.numel() if non_embedding and self.wpe is not None else n
 
     def forward(
-        self, idx: Tensor, targets: Tensor | None = None, positions: Tensor | None = None
+        self, idx: Tensor, targets: Tensor | None = None, positions: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> tuple[Tensor | None, Tensor | None]:
         """Logits (B, N, vocab) for token ids (B, N); with targets, also the mean cross-entropy.
 
         `positions`: each token's position in its whole sequence, a LongTensor (N,) or (B, N); by
-        default 0..N-1. Context parallelism passes the global positions of this rank's tokens. With targets and `loss_chunk` > 0 the logits are
-        never built whole, and None is returned in their place.
+        default 0..N-1. Context parallelism passes the global positions of this rank's tokens;
+        data.reset_positions restarts them at each document. `document_ids` (B, N): every attention
+        then stays inside a document (data.document_mask). With targets and `loss_chunk` > 0 the
+        logits are never built whole, and None is returned in their place.
         """
         n = idx.shape[1]
         if n > self.cfg.seq_len:
@@ -170,7 +175,7 @@ class GPT(nn.Module):
                                torch.promote_types(self.wte.weight.dtype, torch.float32))
         x = self.drop(x)
         for block in self.blocks:
-            x = block(x, rope)
+            x = block(x, rope, document_ids)
         x = self.ln_f(x)
         if targets is None:
             return self.lm_head(x), None  # (B, N, V)

@@ -7,12 +7,18 @@ every attention implementation over seqlen × causal × head_dim × dtype.
     python scripts/bench_attention.py --dtypes fp16 --append    # add points to an existing JSON
     python scripts/bench_attention.py --device cpu --quick      # smoke run without a GPU
     python scripts/bench_attention.py --out docs/results/attention_bench.json --plot-dir docs   # update the committed results
+    python scripts/bench_attention.py --masks --seqlens 8192 32768 --dtypes bf16 --head-dims 64   # mask rows (bench/masks.py)
+    python scripts/bench_attention.py --masks --device cpu --quick   # mask rows' smoke run (flex eager on CPU)
 
 Writes outputs/bench/<date>/bench_attention/attention_bench.json ({"meta", "rows"}; rewritten
 after every point, so an interrupted sweep keeps what it measured) and three plots beside it.
 Batch × seqlen is held at --tokens (batch = max(1, tokens // seqlen)). A point that runs out of
 memory is recorded with status "oom", one an implementation cannot run with "unsupported", and
 the sweep goes on.
+
+--masks measures masked attention instead (bench/masks.py): document masks (the stdlib corpus's real
+documents, 8 equal ones) and causal sliding windows, ours vs FlexAttention vs SDPA, written to the
+JSON's "mask_rows" (its "rows" are kept).
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.cli import CAUSAL_CHOICES, fill_defaults, resolve_device
+from bench.cli import CAUSAL_CHOICES, fill_defaults, parse_dtype, resolve_device
 from bench.impls import IMPL_NAMES, default_impls
+from bench.masks import DEFAULT_MASKS, MASK_IMPLS, MASK_ROW_KEYS, corpus_document_ids, mask_rows
 from bench.plots import plot_attention_sweep
 from bench.results import default_out, read_results, run_meta, write_results
 from bench.sweep import CONVENTION, build_impls, merge_rows, run_sweep, sweep_points
@@ -33,6 +40,15 @@ SCRIPT = "bench_attention"
 DEFAULTS = dict(seqlens=[512, 1024, 2048, 4096, 8192, 16384, 32768], tokens=16384, heads=16, head_dims=[64, 128],
                 dtypes=["bfloat16", "float16"], warmup_ms=25.0, rep_ms=50.0)
 QUICK = dict(seqlens=[32, 64], tokens=64, heads=2, head_dims=[16], dtypes=["bfloat16"], warmup_ms=1.0, rep_ms=5.0)
+QUICK_MASKS = ["causal", "docs_corpus", "docs_8", "window_16"]
+QUICK_CORPUS_FILES = 40  # --quick: tokenise a few stdlib files, not all of them
+
+MASK_TABLE = Table([
+    Column("impl", "impl"), Column("mask", "mask"), Column("seqlen", "N"), Column("batch", "B"),
+    Column("visible_fraction", "visible", ".3f"), Column("fwd_ms", "fwd ms", ".3f"), Column("fwdbwd_ms", "f+b ms", ".3f"),
+    Column("fwdbwd_tflops", "f+b TF/s", ".1f"), Column("speedup_vs_causal", "vs causal", ".2f"),
+    Column("max_abs_diff", "max diff", ".2g"), Column("status", "status"),
+])
 
 TABLE = Table([
     Column("impl", "impl"), Column("dtype", "dtype"), Column("head_dim", "d"), Column("seqlen", "N"),
@@ -60,6 +76,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plot-dir", type=Path, help="where the three plots go (default: beside --out)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--append", action="store_true", help="merge into --out: keep its rows that this run does not re-measure")
+    p.add_argument("--masks", nargs="*", metavar="MASK", help=f"mask rows instead of the dense sweep (no names: {' '.join(DEFAULT_MASKS)})")
+    p.add_argument("--mask-impls", nargs="+", choices=MASK_IMPLS, default=list(MASK_IMPLS))
+    p.add_argument("--corpus-max-files", type=int, help="docs_corpus: tokenise at most this many stdlib files (default all)")
+    p.add_argument("--cache-dir", type=Path, default=Path(".cache"), help="docs_corpus: the data cache (tokenizer, token files)")
     args = p.parse_args(argv)
     args.out = args.out or default_out(SCRIPT, "attention_bench.json")
     args.plot_dir = args.plot_dir or args.out.parent
@@ -69,6 +89,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
     device = resolve_device(args.device)
+    if args.masks is not None:
+        return main_masks(args, device)
     impl_names = args.impls or default_impls(device)
     points = sweep_points(impl_names, args.dtypes, args.head_dims, CAUSAL_CHOICES[args.causal], args.seqlens, args.tokens, args.heads)
     meta = run_meta(device, CONVENTION)
@@ -100,6 +122,25 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if not args.no_plots and rows:
         for path in plot_attention_sweep(rows, args.plot_dir):
             print(f"wrote {path}", flush=True)
+    return rows
+
+
+def main_masks(args: argparse.Namespace, device) -> list[dict[str, Any]]:
+    """The mask rows: every mask × impl at each dtype, head dim and seqlen (batch = tokens // seqlen)."""
+    masks = args.masks or (QUICK_MASKS if args.quick else list(DEFAULT_MASKS))
+    max_files = args.corpus_max_files or (QUICK_CORPUS_FILES if args.quick else None)
+    corpus = lambda batch, seqlen: corpus_document_ids(batch, seqlen, args.cache_dir, max_files)  # noqa: E731
+    meta = run_meta(device, f"mask rows: {MASK_ROW_KEYS}; bench/masks.py")
+    rows: list[dict[str, Any]] = []
+    for dtype in args.dtypes:
+        for head_dim in args.head_dims:
+            for seqlen in sorted(args.seqlens):
+                rows += mask_rows(args.mask_impls, masks, parse_dtype(dtype), head_dim, seqlen, max(1, args.tokens // seqlen),
+                                  args.heads, device, corpus, args.warmup_ms, args.rep_ms)
+                print(MASK_TABLE.render(rows[-len(masks) * len(args.mask_impls):]), flush=True)
+    previous = read_results(args.out)["rows"] if args.append and args.out.exists() else []
+    write_results(args.out, meta, previous, mask_rows=rows)
+    print(f"wrote {args.out} ({len(rows)} mask rows)", flush=True)
     return rows
 
 

@@ -7,12 +7,35 @@ data, and a checkpoint resumes exactly on any number of ranks.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor
 
+from data.documents import document_ids, document_positions
+from data.tokenizer import EOT
 from training.distributed import DistInfo
+
+BatchInputs = Callable[[Tensor], dict[str, Tensor]]  # x -> the model's extra keyword inputs for it
+
+
+def no_inputs(x: Tensor) -> dict[str, Tensor]:
+    return {}
+
+
+def document_inputs(ds: Any, document_mask: bool, reset_positions: bool) -> BatchInputs:
+    """What travels with each batch x to the model: with data.document_mask, document ids from the
+    EOT boundaries in x (every attention then stays inside a document); with data.reset_positions,
+    positions restarting at each document. Derived from x on its device, so nothing else to keep in step."""
+    if not document_mask:
+        return no_inputs
+    eot = ds.tokenizer.token_to_id(EOT)
+
+    def inputs(x: Tensor) -> dict[str, Tensor]:
+        ids = document_ids(x, eot)
+        return {"document_ids": ids, "positions": document_positions(ids)} if reset_positions else {"document_ids": ids}
+
+    return inputs
 
 
 def get_batch(

@@ -108,6 +108,12 @@ def validate_config(cfg: DictConfig, world_size: int = 1) -> None:
 
     a = cfg.attention
     _require(a.name in ATTENTION, f"attention.name={a.name!r} is unknown; choose one of {', '.join(ATTENTION)}")
+    window = a.get("window")
+    _require(window is None or window >= 1, f"attention.window must be null or >= 1 (tokens each query sees, itself included), got {window}")
+    d = cfg.data
+    _require(not d.document_mask or d.source != "synthetic",
+             "data.document_mask=true needs a tokenised corpus: synthetic ids hold no <|endoftext|> boundaries")
+    _require(not d.reset_positions or d.document_mask, "data.reset_positions=true needs data.document_mask=true")
     if a.name == "sdpa":
         backends = ("auto", *SDPA_BACKENDS)
         _require(a.backend in backends, f"attention.backend must be one of {', '.join(backends)} (got {a.backend!r})")
@@ -121,6 +127,8 @@ def _check_context_parallel(cfg: DictConfig, world_size: int) -> None:
     cp = cfg.context_parallel
     if cp == 1:
         return
+    _require(not cfg.data.document_mask and cfg.attention.get("window") is None,
+             f"context_parallel={cp} runs the plain causal mask: set data.document_mask=false and attention.window=null")
     _require(
         world_size % cp == 0,
         f"context_parallel={cp} must divide the number of ranks ({world_size}): ranks = data-parallel × "

@@ -26,7 +26,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from model.flops import count_step_flops, mfu
 from training import distributed
-from training.batches import get_batch, micro_batches
+from training.batches import BatchInputs, get_batch, micro_batches, no_inputs
 from training.checkpoint import CHECKPOINT_NAME, save_checkpoint
 from training.config import resolve_dtype
 from training.console import oom_message, short, step_line
@@ -60,9 +60,11 @@ def train_step(
     grad_clip: float,
     autocast: Callable[[], contextlib.AbstractContextManager],
     shard: Shard = whole_sequences,
+    inputs: BatchInputs = no_inputs,
 ) -> float:
     """One optimizer step over `grad_accum` micro-batches; returns their mean loss. `shard` gives each
-    micro-batch's tokens to this rank (context parallelism: its share of every sequence)."""
+    micro-batch's tokens to this rank (context parallelism: its share of every sequence); `inputs`
+    the model's extra inputs for a batch (document ids, positions: training.batches.document_inputs)."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     total = torch.zeros((), device=next(model.parameters()).device)
@@ -71,7 +73,7 @@ def train_step(
         # DDP averages gradients over ranks once, in the last micro-step's backward.
         with distributed.grad_sync(model, sync=i == grad_accum - 1), shard(x, y) as (x, y, positions):
             with autocast():
-                _, loss = model(x, y, positions)
+                _, loss = model(x, y, **{"positions": positions, **inputs(x)})
             # Divide so the accumulated gradient is the mean over the whole batch.
             (loss / grad_accum).backward()
         total += loss.detach()
@@ -102,6 +104,7 @@ def evaluate(
     model: nn.Module, ds: Any, eval_steps: int, batch_size: int, device: torch.device,
     autocast: Callable[[], contextlib.AbstractContextManager], dist: DistInfo = DistInfo(),
     shard: Shard = whole_sequences,
+    inputs: BatchInputs = no_inputs,
 ) -> float:
     """Mean validation loss over the first `eval_steps` val batches (the same ones every time).
 
@@ -116,7 +119,7 @@ def evaluate(
     for i in range(eval_steps):
         x, y = get_batch(ds, "val", batch_size, i, device, rows)
         with shard(x, y) as (x, y, positions), autocast():
-            losses.append(model(x, y, positions)[1])
+            losses.append(model(x, y, **{"positions": positions, **inputs(x)})[1])
     model.train()
     return distributed.mean(torch.stack(losses).mean().item(), device)
 
@@ -191,7 +194,7 @@ def _loop(run: Run, metrics: MetricsLogger | NoMetrics) -> dict[str, Any]:
             if (cfg.eval_every and tally.done % cfg.eval_every == 0) or tally.done == end:
                 eval_batch = cfg.batch_size // cfg.grad_accum  # what one process would evaluate at a time; ranks split it
                 row["val/loss"] = evaluate(run.model, run.ds, cfg.eval_steps, eval_batch, run.device, run.autocast, run.dist,
-                                           run.shard)
+                                           run.shard, run.inputs)
                 summary["final/val_loss"] = row["val/loss"]
             metrics.log(tally.done, row)
             bar.set_postfix_str(step_line(row), refresh=False)
@@ -217,7 +220,8 @@ def _step(run: Run, step: int, tally: _Tally) -> dict[str, float]:
     batches = micro_batches(run.ds, cfg.batch_size, cfg.grad_accum, step, device, run.dist)
     lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps)
     try:
-        loss = train_step(run.model, run.optimizer, batches, cfg.grad_accum, lr, cfg.grad_clip, run.autocast, run.shard)
+        loss = train_step(run.model, run.optimizer, batches, cfg.grad_accum, lr, cfg.grad_clip, run.autocast, run.shard,
+                          run.inputs)
     except NonFiniteStep as bad:
         bad.step = step + 1
         if not cfg.skip_nonfinite_steps:

@@ -22,17 +22,20 @@ from omegaconf import MISSING, OmegaConf
 @dataclass
 class NaiveAttention:
     name: str = MISSING
+    window: Optional[int] = MISSING
 
 
 @dataclass
 class SdpaAttention:
     name: str = MISSING
+    window: Optional[int] = MISSING
     backend: str = MISSING
 
 
 @dataclass
 class FlashAttention:
     name: str = MISSING
+    window: Optional[int] = MISSING
     deterministic: Any = MISSING  # auto | true | false: a union OmegaConf cannot type; model/attention.py checks it
 
 
@@ -59,6 +62,8 @@ class Tokenized:
     vocab_size: int = MISSING
     min_frequency: int = MISSING
     num_proc: Optional[int] = MISSING
+    document_mask: bool = MISSING
+    reset_positions: bool = MISSING
 
 
 @dataclass
@@ -91,6 +96,8 @@ class SyntheticData:
     source: str = MISSING
     vocab_size: int = MISSING
     num_tokens: int = MISSING
+    document_mask: bool = MISSING
+    reset_positions: bool = MISSING
 
 
 @dataclass

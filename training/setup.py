@@ -21,10 +21,11 @@ from omegaconf import DictConfig
 from torch import nn
 
 from data import build_dataset
-from model.attention import get_attention
+from model.attention import get_attention, window_size
 from model.flops import HFU_CONVENTION, MFU_CONVENTION, flops_per_token, measure_matmul_flops, recompute_flops_per_token
 from model.gpt import GPT, GPTConfig
 from training import distributed
+from training.batches import BatchInputs, document_inputs, no_inputs
 from training.checkpoint import resume
 from training.config import ConfigError, resolve_compile, resolve_device, resolve_dtype, validate_config
 from training.context_parallel import ContextParallel, Shard, setup_context_parallel, whole_sequences
@@ -56,6 +57,7 @@ class Run:
     derived: dict[str, Any] = field(default_factory=dict)
     dist: DistInfo = field(default_factory=DistInfo)  # this process's rank under torchrun
     cp: ContextParallel | None = None  # context_parallel > 1: this rank's group and token split
+    inputs: BatchInputs = no_inputs  # the model's extra inputs per batch (document ids, positions)
     hardware_flops_per_token: float = 0.0  # flops_per_token + what is run again to save memory (HFU)
 
     @property
@@ -129,8 +131,9 @@ def setup(cfg: DictConfig) -> Run:
     wrapped = wrap_model(model, cfg, device, dist)
     optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), device)
     start_step = resume(cfg, out_dir, model, optimizer) if cfg.resume else 0
-    fpt = flops_per_token(model.cfg, model.num_params())
-    recompute = recompute_flops_per_token(model.cfg, cfg.attention.name, model.checkpointing, cfg.loss_chunk)
+    window = window_size(cfg.attention.get("window"))
+    fpt = flops_per_token(model.cfg, model.num_params(), window)
+    recompute = recompute_flops_per_token(model.cfg, cfg.attention.name, model.checkpointing, cfg.loss_chunk, window)
     hfpt = fpt + sum(recompute.values())
     if model.checkpointing:
         log.info("activation checkpointing: each block keeps its input only and the backward reruns its forward: "
@@ -155,8 +158,12 @@ def setup(cfg: DictConfig) -> Run:
         "hardware_flops_per_token": hfpt, "hfu_convention": HFU_CONVENTION,
         "peak_flops": peak, "peak_flops_source": peak_source,
         "attention": attention_label(cfg), "device": str(device),
+        "attention_window": cfg.attention.get("window"), "document_mask": cfg.data.document_mask,
+        "reset_positions": cfg.data.reset_positions,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "dtype": str(dtype).removeprefix("torch."), "compile": resolve_compile(cfg, device),
         "torch": torch.__version__, "start_step": start_step,
     }
-    return Run(cfg, out_dir, device, ds, model, wrapped, optimizer, autocast, start_step, fpt, peak, derived, dist, cp, hfpt)
+    inputs = document_inputs(ds, cfg.data.document_mask, cfg.data.reset_positions)
+    return Run(cfg, out_dir, device, ds, model, wrapped, optimizer, autocast, start_step, fpt, peak, derived, dist, cp,
+               inputs, hfpt)

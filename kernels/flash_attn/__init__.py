@@ -14,6 +14,9 @@ align bottom-right: query i sees keys j <= i + seqlen_k − seqlen_q (flash-attn
 row that sees no key outputs zeros, has LSE = +inf, and gets zero gradients. NaN/Inf inputs are not
 cleaned: a row whose scores hold a NaN or +inf, or are all −inf, comes out NaN as in softmax. Head
 dims that are not powers of two are padded inside the kernel with masked loads.
+
+Masks beyond causal (masks.py, tiles.py): a sliding window (left, right) and document ids, combined
+with causal by AND; tiles they hide entirely are skipped, so the work falls with the visible pairs.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from kernels.flash_attn.tiles import LN2, LOG2E
 MAX_HEAD_DIM = 256
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
-__all__ = ["flash_attention", "flash_attn_forward", "flash_attn_backward", "check_inputs"]
+__all__ = ["flash_attention", "flash_attn_forward", "flash_attn_backward", "check_inputs", "check_masks"]
 
 
 def check_inputs(
@@ -69,6 +72,27 @@ def check_inputs(
         raise ValueError(f"softmax_scale must be a finite number or None, got {softmax_scale!r}")
 
 
+def check_masks(q: torch.Tensor, k: torch.Tensor, window_size: tuple[int, int], document_ids: torch.Tensor | None) -> None:
+    """Raise TypeError/ValueError, saying what to change, unless window_size and document_ids are valid for q, k."""
+    if not (isinstance(window_size, (tuple, list)) and len(window_size) == 2
+            and all(isinstance(w, int) and not isinstance(w, bool) for w in window_size)):
+        raise TypeError(f"window_size must be a pair of ints (left, right), -1 for unlimited, got {window_size!r}")
+    if min(window_size) < -1:
+        raise ValueError(f"window_size values must be >= -1 (-1: unlimited on that side), got {tuple(window_size)}")
+    if document_ids is None:
+        return
+    if not isinstance(document_ids, torch.Tensor):
+        raise TypeError(f"document_ids must be a torch.Tensor of integer ids or None, got {type(document_ids).__name__}")
+    if document_ids.dtype.is_floating_point or document_ids.dtype.is_complex or document_ids.dtype == torch.bool:
+        raise TypeError(f"document_ids must hold integers (e.g. torch.int32), got {document_ids.dtype}")
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"document_ids needs seqlen_q == seqlen_k (one id per position), got {q.shape[2]} queries and {k.shape[2]} keys")
+    if document_ids.shape != (q.shape[0], q.shape[2]):
+        raise ValueError(f"document_ids must have shape (batch, seqlen) = {(q.shape[0], q.shape[2])}, got {tuple(document_ids.shape)}")
+    if document_ids.device != q.device:
+        raise ValueError(f"document_ids is on {document_ids.device}, q on {q.device}: they must be on one device")
+
+
 def _scale(q: torch.Tensor, softmax_scale: float | None) -> float:
     return float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
 
@@ -83,7 +107,7 @@ def _schedule(deterministic: bool | None) -> str:
 
 def flash_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, softmax_scale: float | None = None,
-    deterministic: bool | None = None,
+    deterministic: bool | None = None, window_size: tuple[int, int] = (-1, -1), document_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Exact attention softmax(q kᵀ · softmax_scale) v, computed tile by tile in SRAM.
 
@@ -100,18 +124,25 @@ def flash_attention(
             adds in whatever order the GPU schedules them, so its last bits may differ from run
             to run. None (default) follows torch.are_deterministic_algorithms_enabled(), as
             PyTorch's own kernels do. The forward is the same either way.
+        window_size: (left, right), a sliding window: query i sees key j iff
+            i + off − left <= j <= i + off + right, off = seqlen_k − seqlen_q, −1 = unlimited on that
+            side; causal caps right at 0 (flash-attn's convention). Rows whose window holds no key give zeros.
+        document_ids: integer ids (batch, seqlen), seqlen_q == seqlen_k: query i sees key j only if
+            their ids are equal (packed sequences), combined with causal and the window by AND.
 
     Returns:
         (batch, heads_q, seqlen_q, head_dim), in q's dtype and memory layout. Differentiable in
         q, k and v; usable under torch.compile(fullgraph=True).
     """
     check_inputs(q, k, v, causal, softmax_scale, deterministic)
-    o, _ = flash_attn_fwd(q, k, v, causal, _scale(q, softmax_scale), _schedule(deterministic))
+    check_masks(q, k, window_size, document_ids)
+    o, _ = flash_attn_fwd(q, k, v, causal, _scale(q, softmax_scale), _schedule(deterministic), *window_size, document_ids)
     return o
 
 
 def flash_attn_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, softmax_scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1), document_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward pass alone: (out, lse), without autograd history (see flash_attn_backward).
 
@@ -123,14 +154,16 @@ def flash_attn_forward(
     a merge must read that +inf as −inf, the log of an empty sum. Arguments as flash_attention's.
     """
     check_inputs(q, k, v, causal, softmax_scale)
+    check_masks(q, k, window_size, document_ids)
     with torch.no_grad():
-        out, lse2 = flash_attn_fwd(q, k, v, causal, _scale(q, softmax_scale))
+        out, lse2 = flash_attn_fwd(q, k, v, causal, _scale(q, softmax_scale), "two_pass", *window_size, document_ids)
     return out, lse2 * LN2.value  # the kernels keep it in base 2
 
 
 def flash_attn_backward(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
     causal: bool = False, softmax_scale: float | None = None, deterministic: bool | None = None,
+    window_size: tuple[int, int] = (-1, -1), document_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of flash_attention for the output gradient dout, from flash_attn_forward's
     out and lse on the same inputs (the probabilities are recomputed from q, k and lse).
@@ -141,6 +174,7 @@ def flash_attn_backward(
     that block's dk, dv and its share of dq. Other arguments as flash_attention's.
     """
     check_inputs(q, k, v, causal, softmax_scale, deterministic)
+    check_masks(q, k, window_size, document_ids)
     for name, t, shape, dtype in (("dout", dout, q.shape, q.dtype), ("out", out, q.shape, q.dtype), ("lse", lse, q.shape[:3], torch.float32)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -150,4 +184,4 @@ def flash_attn_backward(
             raise ValueError(f"{name} is on {t.device}, q on {q.device}: they must be on one device")
     with torch.no_grad():
         return flash_attn_bwd(dout, q, k, v, out, lse * LOG2E.value, causal, _scale(q, softmax_scale),
-                              _schedule(deterministic))
+                              _schedule(deterministic), *window_size, document_ids)

@@ -19,11 +19,26 @@ i.e. five matmuls (10·N²·d FLOPs per head, against 8·N²·d if P had been st
 
 Kernels: bwd_dq_kernel (two-pass: dQ and delta), then bwd_kv_kernel (one key block's dK, dV);
 fused: bwd_preprocess_kernel (delta), then bwd_kv_kernel with ATOMIC_DQ (dK, dV and dQ shares).
+
+Masks (tiles.py) skip tiles as in the forward: a key-block program visits only the query blocks
+that see one of its keys (a masked head, a fully visible middle, a masked tail under a window),
+a query-block program only the key blocks its rows see; masked elements get P = 0.
 """
 import triton
 import triton.language as tl
 
-from kernels.flash_attn.tiles import causal_bounds, dot_acc, load_rows, mma_operand, row_source
+from kernels.flash_attn.tiles import (
+    causal_bounds,
+    clip_range,
+    doc_ids,
+    doc_tile_mixed,
+    dot_acc,
+    load_rows,
+    mma_operand,
+    positions_visible,
+    row_source,
+    tile_range,
+)
 
 
 @triton.jit
@@ -50,13 +65,18 @@ def bwd_preprocess_kernel(
 def _bwd_kv_inner(
     dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_base,
     stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
-    offs_n, offs_m0, offs_d, lo, hi, seqlen_q, offset, qk_scale, softmax_scale,
+    offs_n, offs_m0, offs_d, lo, hi, seqlen_q, seqlen_k, offset, qk_scale, softmax_scale,
+    win_left, win_right, doc_base, doc_k, doc_lo, doc_hi, TILES,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DOCS: tl.constexpr, COUNT_TILES: tl.constexpr,
     ELEM: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr,
 ):
-    """dV += Pᵀ dO and dK += dSᵀ Q (unscaled) over the query blocks [lo, hi) of one head."""
+    """dV += Pᵀ dO and dK += dSᵀ Q (unscaled) over the query blocks [lo, hi) of one head.
+    MASKED: the positional mask; DOCS: the document mask where a tile mixes documents."""
     d_ok = offs_d[None, :] < HEAD_DIM
     for start_m in range(lo, hi, BLOCK_M):
+        if COUNT_TILES:
+            tl.atomic_add(TILES, 1)
         rows = start_m + offs_m0
         row_ok = rows < seqlen_q
         q = mma_operand(load_rows(q_src, start_m, offs_m0, offs_d, seqlen_q, stride_qn, stride_qd, HEAD_DIM, TMA), ELEM, UPCAST)
@@ -65,7 +85,12 @@ def _bwd_kv_inner(
         # recompute Pᵀ (BLOCK_N, BLOCK_M) from Q, K and the saved LSE
         p_t = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale - lse2[None, :])
         if MASKED:
-            p_t = tl.where(offs_n[:, None] <= rows[None, :] + offset, p_t, 0.0)
+            keep = positions_visible(rows[None, :], offs_n[:, None], seqlen_k, offset, win_left, win_right, CAUSAL, WINDOW)
+            p_t = tl.where(keep, p_t, 0.0)
+        if DOCS:
+            doc_q = doc_ids(doc_base, rows, seqlen_q, doc_lo)
+            if doc_tile_mixed(doc_lo, doc_hi, doc_q):
+                p_t = tl.where(doc_k[:, None] == doc_q[None, :], p_t, 0.0)
         do = mma_operand(load_rows(do_src, start_m, offs_m0, offs_d, seqlen_q, stride_don, stride_dod, HEAD_DIM, TMA), ELEM, UPCAST)
         dv = dot_acc(mma_operand(p_t, ELEM, UPCAST), do, dv, DOT_PRECISION)
         delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
@@ -98,13 +123,16 @@ def bwd_kv_kernel(
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
     stride_dqb, stride_dqh, stride_dqn, stride_dqd,
     heads_q, group, seqlen_q, seqlen_k, qk_scale, softmax_scale,
+    win_left, win_right, DOC, stride_docb, DOC_RANGE, TILES,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, REVERSE: tl.constexpr, ATOMIC_DQ: tl.constexpr, TMA_DQ: tl.constexpr,
+    CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DOCS: tl.constexpr, COUNT_TILES: tl.constexpr,
+    REVERSE: tl.constexpr, ATOMIC_DQ: tl.constexpr, TMA_DQ: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
     """One key block's dK and dV. ATOMIC_DQ=False: the deterministic schedule's first pass (DQ and
     its strides are unused, None). ATOMIC_DQ=True: the fused schedule, which also adds the block's
-    dQ share into the zeroed float32 buffer DQ."""
+    dQ share into the zeroed float32 buffer DQ. Masks as fwd_kernel's, DOC_RANGE per key block
+    (the query range of its documents)."""
     pid_n = tl.program_id(0)  # grid (key blocks, kv heads, batch)
     if REVERSE:
         pid_n = tl.num_programs(0) - 1 - pid_n
@@ -126,13 +154,32 @@ def bwd_kv_kernel(
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
-    if CAUSAL:
+    doc_base = DOC
+    doc_k = offs_n
+    doc_lo = 0
+    doc_hi = 0
+    if DOCS:
+        doc_base = DOC + b * stride_docb
+        doc_lo = tl.load(doc_base + start_n)
+        doc_k = doc_ids(doc_base, offs_n, seqlen_k, doc_lo)
+        doc_lo = tl.min(doc_k, 0)
+        doc_hi = tl.max(doc_k, 0)
+    if WINDOW:  # query rows r see keys [r + offset − left, r + offset + right]: key j is seen by rows [j − offset − right, j − offset + left]
+        lo, full_lo, full_hi, hi = tile_range(start_n, BLOCK_N, BLOCK_M, seqlen_q, -offset, win_right, win_left)
+    elif CAUSAL:
         # first query row that sees key start_n, and first that sees the whole block
         lo = tl.maximum(start_n - offset, 0) // BLOCK_M * BLOCK_M
-        full_start = tl.maximum(lo, tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - offset, 0), BLOCK_M) * BLOCK_M)
+        full_lo = tl.minimum(tl.maximum(lo, tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - offset, 0), BLOCK_M) * BLOCK_M), seqlen_q)
+        full_hi = seqlen_q
+        hi = seqlen_q
     else:
         lo = 0
-        full_start = 0
+        full_lo = 0
+        full_hi = seqlen_q
+        hi = seqlen_q
+    if DOCS:  # only the query blocks of this block's documents
+        rng = DOC_RANGE + (b * tl.num_programs(0) + pid_n) * 2
+        lo, full_lo, full_hi, hi = clip_range(lo, full_lo, full_hi, hi, tl.load(rng), tl.load(rng + 1))
     # dK, dV sum over the query heads that share this kv head. This loop is never software-pipelined
     # (num_stages=1): at seqlen_q == 1, which Triton compiles as a constant, the one-trip query
     # loops fold away and leave it innermost, and the pipeliner cannot predicate the TMA
@@ -148,19 +195,30 @@ def bwd_kv_kernel(
         else:
             dq_base = DQ
         row_base = (b * heads_q + h) * seqlen_q
-        # the diagonal query blocks (causal: masked), then those that see the whole key block
+        # the diagonal query blocks (causal, the window's head: masked), those that see the whole
+        # key block, and the window's tail (masked)
         dk, dv = _bwd_kv_inner(
             dk, dv, k, v, q_src, do_src, LSE + row_base, DELTA + row_base, dq_base,
             stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
-            offs_n, offs_m0, offs_d, lo, tl.minimum(full_start, seqlen_q), seqlen_q, offset, qk_scale, softmax_scale,
-            HEAD_DIM, BLOCK_M, True, ATOMIC_DQ, ELEM, UPCAST, DOT_PRECISION, TMA, TMA_DQ,
+            offs_n, offs_m0, offs_d, lo, full_lo, seqlen_q, seqlen_k, offset, qk_scale, softmax_scale,
+            win_left, win_right, doc_base, doc_k, doc_lo, doc_hi, TILES,
+            HEAD_DIM, BLOCK_M, True, ATOMIC_DQ, CAUSAL, WINDOW, DOCS, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA, TMA_DQ,
         )
         dk, dv = _bwd_kv_inner(
             dk, dv, k, v, q_src, do_src, LSE + row_base, DELTA + row_base, dq_base,
             stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
-            offs_n, offs_m0, offs_d, full_start, seqlen_q, seqlen_q, offset, qk_scale, softmax_scale,
-            HEAD_DIM, BLOCK_M, False, ATOMIC_DQ, ELEM, UPCAST, DOT_PRECISION, TMA, TMA_DQ,
+            offs_n, offs_m0, offs_d, full_lo, full_hi, seqlen_q, seqlen_k, offset, qk_scale, softmax_scale,
+            win_left, win_right, doc_base, doc_k, doc_lo, doc_hi, TILES,
+            HEAD_DIM, BLOCK_M, False, ATOMIC_DQ, CAUSAL, WINDOW, DOCS, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA, TMA_DQ,
         )
+        if WINDOW:
+            dk, dv = _bwd_kv_inner(
+                dk, dv, k, v, q_src, do_src, LSE + row_base, DELTA + row_base, dq_base,
+                stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
+                offs_n, offs_m0, offs_d, full_hi, hi, seqlen_q, seqlen_k, offset, qk_scale, softmax_scale,
+                win_left, win_right, doc_base, doc_k, doc_lo, doc_hi, TILES,
+                HEAD_DIM, BLOCK_M, True, ATOMIC_DQ, CAUSAL, WINDOW, DOCS, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA, TMA_DQ,
+            )
     dk = dk * softmax_scale
     tl.store(DK + b * stride_dkb + kvh * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
              mma_operand(dk, ELEM, UPCAST).to(ELEM), mask=kv_ok)
@@ -172,20 +230,26 @@ def bwd_kv_kernel(
 def _bwd_dq_inner(
     dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
     offs_m, offs_n0, offs_d, lo, hi, seqlen_k, offset, qk_scale,
+    win_left, win_right, doc_base, doc_q, doc_lo, doc_hi, TILES,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr, DOCS: tl.constexpr, COUNT_TILES: tl.constexpr,
     ELEM: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
-    """dQ += dS K (unscaled) over the key blocks [lo, hi)."""
+    """dQ += dS K (unscaled) over the key blocks [lo, hi); masks as in _fwd_inner."""
     for start_n in range(lo, hi, BLOCK_N):
+        if COUNT_TILES:
+            tl.atomic_add(TILES, 1)
         cols = start_n + offs_n0
         k = mma_operand(load_rows(k_src, start_n, offs_n0, offs_d, seqlen_k, stride_kn, stride_kd, HEAD_DIM, TMA), ELEM, UPCAST)
         v = mma_operand(load_rows(v_src, start_n, offs_n0, offs_d, seqlen_k, stride_vn, stride_vd, HEAD_DIM, TMA), ELEM, UPCAST)
         p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale - lse2[:, None])
         if MASKED:
-            keep = cols[None, :] < seqlen_k
-            if CAUSAL:
-                keep = keep & (cols[None, :] <= offs_m[:, None] + offset)
+            keep = positions_visible(offs_m[:, None], cols[None, :], seqlen_k, offset, win_left, win_right, CAUSAL, WINDOW)
             p = tl.where(keep, p, 0.0)
+        if DOCS:
+            doc_k = doc_ids(doc_base, cols, seqlen_k, doc_lo)
+            if doc_tile_mixed(doc_lo, doc_hi, doc_k):
+                p = tl.where(doc_q[:, None] == doc_k[None, :], p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
         dq = dot_acc(mma_operand(ds, ELEM, UPCAST), k, dq, DOT_PRECISION)
@@ -202,14 +266,15 @@ def bwd_dq_kernel(
     stride_dob, stride_doh, stride_don, stride_dod,
     stride_dqb, stride_dqh, stride_dqn, stride_dqd,
     heads_q, group, seqlen_q, seqlen_k, qk_scale, softmax_scale,
+    win_left, win_right, DOC, stride_docb, DOC_RANGE, TILES,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, REVERSE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    TMA: tl.constexpr,
+    CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DOCS: tl.constexpr, COUNT_TILES: tl.constexpr,
+    REVERSE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
     """One query block's dQ, and its rows' delta = rowsum(dO ∘ O), written to DELTA for the dK/dV
     pass that follows: the deterministic schedule's first pass. Computing delta here, from the
     O tile the program reads once, saves the separate preprocess launch (host time that shows
-    at short sequences)."""
+    at short sequences). Masks as fwd_kernel's."""
     pid_m = tl.program_id(0)  # grid (query blocks, heads, batch)
     if REVERSE:  # longest (causal: last) query blocks first, as in the forward
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -238,16 +303,43 @@ def bwd_dq_kernel(
     v_src = row_source(V + b * stride_vb + kvh * stride_vh, seqlen_k, stride_vn, stride_vd, BLOCK_N, BLOCK_D, HEAD_DIM, TMA)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    full_end, hi = causal_bounds(start_m, BLOCK_M, BLOCK_N, seqlen_k, offset, CAUSAL)
+    doc_base = DOC
+    doc_q = offs_m
+    doc_lo = 0
+    doc_hi = 0
+    if DOCS:
+        doc_base = DOC + b * stride_docb
+        doc_lo = tl.load(doc_base + start_m)
+        doc_q = doc_ids(doc_base, offs_m, seqlen_q, doc_lo)
+        doc_lo = tl.min(doc_q, 0)
+        doc_hi = tl.max(doc_q, 0)
+    if WINDOW:
+        lo, full_lo, full_end, hi = tile_range(start_m, BLOCK_M, BLOCK_N, seqlen_k, offset, win_left, win_right)
+    else:
+        full_end, hi = causal_bounds(start_m, BLOCK_M, BLOCK_N, seqlen_k, offset, CAUSAL)
+        lo = 0
+        full_lo = 0
+    if DOCS:
+        rng = DOC_RANGE + (b * tl.num_programs(0) + pid_m) * 2
+        lo, full_lo, full_end, hi = clip_range(lo, full_lo, full_end, hi, tl.load(rng), tl.load(rng + 1))
+    if WINDOW:
+        dq = _bwd_dq_inner(
+            dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+            offs_m, offs_n0, offs_d, lo, full_lo, seqlen_k, offset, qk_scale,
+            win_left, win_right, doc_base, doc_q, doc_lo, doc_hi, TILES,
+            HEAD_DIM, BLOCK_N, True, CAUSAL, WINDOW, DOCS, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA,
+        )
     dq = _bwd_dq_inner(
         dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_m, offs_n0, offs_d, 0, full_end, seqlen_k, offset, qk_scale,
-        HEAD_DIM, BLOCK_N, False, CAUSAL, ELEM, UPCAST, DOT_PRECISION, TMA,
+        offs_m, offs_n0, offs_d, full_lo, full_end, seqlen_k, offset, qk_scale,
+        win_left, win_right, doc_base, doc_q, doc_lo, doc_hi, TILES,
+        HEAD_DIM, BLOCK_N, False, CAUSAL, WINDOW, DOCS, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA,
     )
     dq = _bwd_dq_inner(
         dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, offs_n0, offs_d, full_end, hi, seqlen_k, offset, qk_scale,
-        HEAD_DIM, BLOCK_N, True, CAUSAL, ELEM, UPCAST, DOT_PRECISION, TMA,
+        win_left, win_right, doc_base, doc_q, doc_lo, doc_hi, TILES,
+        HEAD_DIM, BLOCK_N, True, CAUSAL, WINDOW, DOCS, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA,
     )
     dq = dq * softmax_scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqn + offs_d[None, :] * stride_dqd,

@@ -14,34 +14,57 @@ l = Σ_j e^{s_j − m} and the unnormalised output o. For each key block with sc
 and at the end O = o / l and LSE = m + log l (the row's log-sum-exp), the only two things
 written. Exponentials are exp2 with log2(e)·scale folded into the scores, so m and the saved
 LSE are in base 2 (log2 of the sum); the public flash_attn_forward converts to the natural log.
+
+Masks (tiles.py): a program visits only the key blocks its rows can see. Under a sliding window
+they form a masked head, a middle every row sees in full, and a masked tail; under the causal
+mask the head is empty; with documents the range shrinks to the blocks of the rows' documents,
+and the document mask is applied only to tiles that mix documents.
 """
 import triton
 import triton.language as tl
 
-from kernels.flash_attn.tiles import causal_bounds, load_rows, mma_operand, row_source
+from kernels.flash_attn.tiles import (
+    causal_bounds,
+    clip_range,
+    doc_ids,
+    doc_tile_mixed,
+    load_rows,
+    mma_operand,
+    positions_visible,
+    row_source,
+    tile_range,
+)
 
 
 @triton.jit
 def _fwd_inner(
     acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
     offs_m, offs_n, offs_d, lo, hi, seqlen_k, offset, qk_scale,
+    win_left, win_right, doc_base, doc_q, doc_lo, doc_hi, TILES,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr, DOCS: tl.constexpr, COUNT_TILES: tl.constexpr,
     ELEM: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
-    """The online-softmax update above, over the key blocks [lo, hi)."""
+    """The online-softmax update above, over the key blocks [lo, hi). MASKED: apply the
+    positional mask (the blocks of the head and tail); DOCS: the document mask where a tile
+    mixes documents."""
     for start_n in range(lo, hi, BLOCK_N):
+        if COUNT_TILES:
+            tl.atomic_add(TILES, 1)
         cols = start_n + offs_n
         k = mma_operand(load_rows(k_src, start_n, offs_n, offs_d, seqlen_k, stride_kn, stride_kd, HEAD_DIM, TMA), ELEM, UPCAST)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N) raw scores
         if MASKED:
-            keep = cols[None, :] < seqlen_k
-            if CAUSAL:
-                keep = keep & (cols[None, :] <= offs_m[:, None] + offset)
+            keep = positions_visible(offs_m[:, None], cols[None, :], seqlen_k, offset, win_left, win_right, CAUSAL, WINDOW)
             s = tl.where(keep, s, float("-inf"))
+        if DOCS:
+            doc_k = doc_ids(doc_base, cols, seqlen_k, doc_lo)
+            if doc_tile_mixed(doc_lo, doc_hi, doc_k):
+                s = tl.where(doc_q[:, None] == doc_k[None, :], s, float("-inf"))
         # m is kept in base-2 units: e^{scale·s} = exp2(log2(e)·scale·s), so p is one FMA + exp2
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
         m_sub = m_new
-        if MASKED:
+        if MASKED or DOCS:
             # a row that has seen no key yet keeps m = -inf; subtract 0 so e^{-inf - (-inf)} never appears
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.math.exp2(s * qk_scale - m_sub[:, None])
@@ -62,10 +85,14 @@ def fwd_kernel(
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_on, stride_od,
     heads_q, group, seqlen_q, seqlen_k, qk_scale,
+    win_left, win_right, DOC, stride_docb, DOC_RANGE, TILES,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, REVERSE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    TMA: tl.constexpr,
+    CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DOCS: tl.constexpr, COUNT_TILES: tl.constexpr,
+    REVERSE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
+    """One query block's output rows and LSE. Masks: WINDOW (win_left/win_right, causal folded
+    in), DOCS (DOC: int32 ids (batch, seqlen); DOC_RANGE: int32 (batch, query blocks, 2), the key
+    range of each block's documents); TILES: a counter of visited key blocks (tests), if COUNT_TILES."""
     # grid (query blocks, heads, batch): the blocks of one head run together, so its K/V stay in L2
     pid_m = tl.program_id(0)
     if REVERSE:  # causal: the last query blocks see the most keys; launching them first shortens the tail
@@ -91,25 +118,58 @@ def fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    full_end, hi = causal_bounds(start_m, BLOCK_M, BLOCK_N, seqlen_k, offset, CAUSAL)
-    # key blocks every row sees in full: no mask arithmetic at all
+    doc_base = DOC
+    doc_q = offs_m
+    doc_lo = 0
+    doc_hi = 0
+    if DOCS:
+        doc_base = DOC + b * stride_docb
+        doc_lo = tl.load(doc_base + start_m)
+        doc_q = doc_ids(doc_base, offs_m, seqlen_q, doc_lo)
+        doc_lo = tl.min(doc_q, 0)
+        doc_hi = tl.max(doc_q, 0)
+    if WINDOW:
+        lo, full_lo, full_end, hi = tile_range(start_m, BLOCK_M, BLOCK_N, seqlen_k, offset, win_left, win_right)
+    else:
+        full_end, hi = causal_bounds(start_m, BLOCK_M, BLOCK_N, seqlen_k, offset, CAUSAL)
+        lo = 0
+        full_lo = 0
+    if DOCS:  # only the key blocks of this block's documents
+        rng = DOC_RANGE + (b * tl.num_programs(0) + pid_m) * 2
+        lo, full_lo, full_end, hi = clip_range(lo, full_lo, full_end, hi, tl.load(rng), tl.load(rng + 1))
+    if WINDOW:
+        # the window's head: key blocks left of those every row sees
+        acc, l_i, m_i = _fwd_inner(
+            acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+            offs_m, offs_n, offs_d, lo, full_lo, seqlen_k, offset, qk_scale,
+            win_left, win_right, doc_base, doc_q, doc_lo, doc_hi, TILES,
+            HEAD_DIM, BLOCK_N, True, CAUSAL, WINDOW, DOCS, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA,
+        )
+    # key blocks every row sees in full: no positional mask arithmetic at all
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_m, offs_n, offs_d, 0, full_end, seqlen_k, offset, qk_scale,
-        HEAD_DIM, BLOCK_N, False, CAUSAL, ELEM, UPCAST, DOT_PRECISION, TMA,
+        offs_m, offs_n, offs_d, full_lo, full_end, seqlen_k, offset, qk_scale,
+        win_left, win_right, doc_base, doc_q, doc_lo, doc_hi, TILES,
+        HEAD_DIM, BLOCK_N, False, CAUSAL, WINDOW, DOCS, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA,
     )
-    # the diagonal blocks (causal) and the ragged last block; blocks above the diagonal are skipped
+    # the diagonal blocks (causal; the window's tail) and the ragged last block; blocks beyond are skipped
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, offs_n, offs_d, full_end, hi, seqlen_k, offset, qk_scale,
-        HEAD_DIM, BLOCK_N, True, CAUSAL, ELEM, UPCAST, DOT_PRECISION, TMA,
+        win_left, win_right, doc_base, doc_q, doc_lo, doc_hi, TILES,
+        HEAD_DIM, BLOCK_N, True, CAUSAL, WINDOW, DOCS, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA,
     )
 
-    if CAUSAL:
-        # rows that see no key (seqlen_q > seqlen_k): output 0/1 = 0 and LSE = +inf (so the
-        # backward's P = e^{S - LSE} is 0). Decided by position, not by l == 0: a row whose every
-        # score is -inf (a -inf input) also ends with l = 0 and must give 0/0 = NaN, as softmax does.
-        empty = offs_m + offset < 0
+    if CAUSAL or WINDOW:
+        # rows that see no key (causal with seqlen_q > seqlen_k, a window past either end): output
+        # 0/1 = 0 and LSE = +inf (so the backward's P = e^{S - LSE} is 0). Decided by position, not
+        # by l == 0: a row whose every score is -inf (a -inf input) also ends with l = 0 and must
+        # give 0/0 = NaN, as softmax does. (Documents empty no row: a row always sees its own key.)
+        if WINDOW:
+            # (rows past seqlen_q too: not stored, but this keeps their 0/0 out of the arithmetic)
+            empty = (offs_m + offset + win_right < 0) | (offs_m + offset - win_left >= seqlen_k) | (offs_m >= seqlen_q)
+        else:
+            empty = offs_m + offset < 0
         l_i = tl.where(empty, 1.0, l_i)
         m_i = tl.where(empty, float("inf"), m_i)
     acc = acc / l_i[:, None]

@@ -15,6 +15,7 @@ import triton
 
 from kernels.flash_attn.backward import bwd_dq_kernel, bwd_kv_kernel, bwd_preprocess_kernel
 from kernels.flash_attn.forward import fwd_kernel
+from kernels.flash_attn.masks import KernelMask, resolve
 from kernels.flash_attn.tiles import LOG2E
 
 # forward, deterministic backward (dK/dV pass, dQ pass) and the single-pass atomic-dQ backward
@@ -196,20 +197,23 @@ def _constants(head_dim: int, dtype: torch.dtype, interpret: bool, allow_tf32: b
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-            config: KernelConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            config: KernelConfig | None = None, window_size: tuple[int, int] = (-1, -1),
+            document_ids: torch.Tensor | None = None, tile_counter: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """O (q's dtype and layout) and LSE (float32, (B, Hq, Nq)) in base 2: log2 Σ_j 2^{s_j·scale·log2(e)}.
-    The backward launchers take it so; kernels.flash_attn's public functions convert."""
+    The backward launchers take it so; kernels.flash_attn's public functions convert.
+    tile_counter: an int32 tensor the kernel adds 1 to per visited (query block, key block) tile."""
     batch, heads_q, seqlen_q, _ = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     o = torch.empty_like(q)  # keeps q's memory layout, so a (B, N, H, D) view stays cheap to reshape
     lse2 = torch.empty((batch, heads_q, seqlen_q), device=q.device, dtype=torch.float32)
     consts = _launch_args(q)
-    cfg = config or kernel_config("fwd", consts["BLOCK_D"], q.dtype, causal)
+    mask = resolve(causal, window_size, document_ids, seqlen_q, seqlen_k)
+    cfg = config or kernel_config("fwd", consts["BLOCK_D"], q.dtype, mask.causal)
     grid = (_cdiv(seqlen_q, cfg.BLOCK_M), heads_q, batch)
     fwd_kernel[grid](
         q, k, v, o, lse2, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E.value,
-        CAUSAL=causal, **cfg.launch_kwargs(k, v), **consts,
+        **mask.kernel_args(cfg.BLOCK_M, cfg.BLOCK_N, tile_counter), **cfg.launch_kwargs(k, v), **consts,
     )
     return o, lse2
 
@@ -226,8 +230,8 @@ def backward_delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
     return delta
 
 
-def _launch_key_blocks(do, q, k, v, lse2, delta, causal: bool, scale: float, cfg: KernelConfig, consts: dict,
-                       dq_acc: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _launch_key_blocks(do, q, k, v, lse2, delta, mask: KernelMask, scale: float, cfg: KernelConfig, consts: dict,
+                       dq_acc: torch.Tensor | None, tile_counter: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """bwd_kv_kernel over (key blocks, kv heads, batch); dq_acc: the fused schedule's float32 dQ
     buffer (ATOMIC_DQ), or None for the deterministic pass, which has no dQ to write."""
     batch, heads_q, seqlen_q, _ = q.shape
@@ -238,47 +242,54 @@ def _launch_key_blocks(do, q, k, v, lse2, delta, causal: bool, scale: float, cfg
         q, k, v, do, lse2, delta, dk, dv, dq_args[0],
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *dq_args[1:],
         heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E.value, scale,
-        CAUSAL=causal, ATOMIC_DQ=dq_acc is not None, TMA_DQ=dq_acc is not None and tma_reduce_ok(cfg, dq_acc),
+        **mask.kernel_args(cfg.BLOCK_N, cfg.BLOCK_M, tile_counter),
+        ATOMIC_DQ=dq_acc is not None, TMA_DQ=dq_acc is not None and tma_reduce_ok(cfg, dq_acc),
         **cfg.launch_kwargs(q, do), **consts,
     )
     return dk, dv
 
 
-def backward_dkdv(do, q, k, v, lse2, delta, causal: bool, scale: float,
-                  config: KernelConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def backward_dkdv(do, q, k, v, lse2, delta, causal: bool, scale: float, config: KernelConfig | None = None,
+                  window_size: tuple[int, int] = (-1, -1), document_ids: torch.Tensor | None = None,
+                  tile_counter: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The deterministic schedule's second pass: dK, dV, from the delta the first one wrote."""
     consts = _launch_args(q)
-    cfg = config or kernel_config("bwd_dkdv", consts["BLOCK_D"], q.dtype, causal)
-    return _launch_key_blocks(do, q, k, v, lse2, delta, causal, scale, cfg, consts, dq_acc=None)
+    mask = resolve(causal, window_size, document_ids, q.shape[2], k.shape[2])
+    cfg = config or kernel_config("bwd_dkdv", consts["BLOCK_D"], q.dtype, mask.causal)
+    return _launch_key_blocks(do, q, k, v, lse2, delta, mask, scale, cfg, consts, None, tile_counter)
 
 
-def backward_dq(do, q, k, v, o, lse2, causal: bool, scale: float,
-                config: KernelConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def backward_dq(do, q, k, v, o, lse2, causal: bool, scale: float, config: KernelConfig | None = None,
+                window_size: tuple[int, int] = (-1, -1), document_ids: torch.Tensor | None = None,
+                tile_counter: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The deterministic schedule's first pass: dQ, and delta (float32 (B, Hq, Nq)) for the second."""
     batch, heads_q, seqlen_q, _ = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     consts = _launch_args(q)
-    cfg = config or kernel_config("bwd_dq", consts["BLOCK_D"], q.dtype, causal)
+    mask = resolve(causal, window_size, document_ids, seqlen_q, seqlen_k)
+    cfg = config or kernel_config("bwd_dq", consts["BLOCK_D"], q.dtype, mask.causal)
     dq = torch.empty_like(q)
     delta = torch.empty((batch, heads_q, seqlen_q), device=q.device, dtype=torch.float32)
     bwd_dq_kernel[(_cdiv(seqlen_q, cfg.BLOCK_M), heads_q, batch)](
         q, k, v, o, do, lse2, delta, dq,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *do.stride(), *dq.stride(),
         heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E.value, scale,
-        CAUSAL=causal, **cfg.launch_kwargs(k, v), **consts,
+        **mask.kernel_args(cfg.BLOCK_M, cfg.BLOCK_N, tile_counter), **cfg.launch_kwargs(k, v), **consts,
     )
     return dq, delta
 
 
-def backward_fused(do, q, k, v, lse2, delta, causal: bool, scale: float,
-                   config: KernelConfig | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def backward_fused(do, q, k, v, lse2, delta, causal: bool, scale: float, config: KernelConfig | None = None,
+                   window_size: tuple[int, int] = (-1, -1), document_ids: torch.Tensor | None = None,
+                   tile_counter: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The single-pass schedule: dK, dV and atomically summed dQ."""
     consts = _launch_args(q)
-    cfg = config or kernel_config("bwd_fused", consts["BLOCK_D"], q.dtype, causal)
+    mask = resolve(causal, window_size, document_ids, q.shape[2], k.shape[2])
+    cfg = config or kernel_config("bwd_fused", consts["BLOCK_D"], q.dtype, mask.causal)
     # every key block adds its share of dQ here: float32 (exact adds of the tiles; bf16 atomics also
     # lack interpreter support), zeroed, in q's layout so the final cast keeps it
     dq_acc = torch.zeros_like(q, dtype=torch.float32)
-    dk, dv = _launch_key_blocks(do, q, k, v, lse2, delta, causal, scale, cfg, consts, dq_acc=dq_acc)
+    dk, dv = _launch_key_blocks(do, q, k, v, lse2, delta, mask, scale, cfg, consts, dq_acc, tile_counter)
     return dq_acc.to(q.dtype), dk, dv  # the cast is a no-op for float32 inputs
 
 
@@ -307,15 +318,17 @@ SCHEDULES = ("two_pass", "fused", "fastest")
 
 
 def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse2: torch.Tensor,
-             causal: bool, scale: float, schedule: str = "two_pass") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             causal: bool, scale: float, schedule: str = "two_pass", window_size: tuple[int, int] = (-1, -1),
+             document_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV) with the table's configs. schedule: "two_pass" (deterministic), "fused" (one
     pass, dQ summed by atomic adds) or "fastest" (fastest_schedule's pick for these inputs)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(map(repr, SCHEDULES))}, got {schedule!r}")
     if schedule == "fastest":
         schedule = fastest_schedule(q)
+    masks = dict(window_size=window_size, document_ids=document_ids)
     if schedule == "fused":
-        return backward_fused(do, q, k, v, lse2, backward_delta(o, do), causal, scale)
-    dq, delta = backward_dq(do, q, k, v, o, lse2, causal, scale)
-    dk, dv = backward_dkdv(do, q, k, v, lse2, delta, causal, scale)
+        return backward_fused(do, q, k, v, lse2, backward_delta(o, do), causal, scale, **masks)
+    dq, delta = backward_dq(do, q, k, v, o, lse2, causal, scale, **masks)
+    dk, dv = backward_dkdv(do, q, k, v, lse2, delta, causal, scale, **masks)
     return dq, dk, dv

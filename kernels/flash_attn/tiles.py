@@ -83,3 +83,74 @@ def load_rows(src, start, offs_r, offs_d, seqlen, stride_n, stride_d, HEAD_DIM: 
         rows = start + offs_r
         ok = (rows[:, None] < seqlen) & (offs_d[None, :] < HEAD_DIM)
         return tl.load(src + rows[:, None] * stride_n + offs_d[None, :] * stride_d, mask=ok, other=0.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Masks: which tiles a program visits, and which elements of a visited tile it keeps.
+#
+# Query i sees key j iff j < seqlen_k and
+#   CAUSAL:  j <= i + offset                                   (offset = seqlen_k − seqlen_q)
+#   WINDOW:  i + offset − left <= j <= i + offset + right       (left/right: launch.py passes a
+#            bound past every position for an unlimited side and folds causal into right = 0)
+#   DOCS:    doc[i] == doc[j]
+# Positional masks are bands, so a program's visible tiles form a range with a fully visible
+# middle: tile_range gives the bounds. Documents narrow that range further (launch.py derives each
+# block's first and last overlapping tile from per-tile min/max of the ids); inside it a tile gets
+# the document mask only where its ids are not all one document (doc_tile_mixed).
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def tile_range(start, BLOCK: tl.constexpr, BLOCK_OTHER: tl.constexpr, n_other, shift, before, after):
+    """Bounds on the other axis for the rows [start, start + BLOCK), row r seeing positions
+    [r + shift − before, r + shift + after] of an axis n_other long: [lo, hi) holds every visible
+    position, [full_lo, full_hi) only positions every row sees (tiles there need no positional
+    mask), lo <= full_lo <= full_hi <= hi, all but hi multiples of BLOCK_OTHER. From a query block
+    (keys): shift = offset, before = left, after = right; from a key block (queries): shift =
+    −offset, before = right, after = left."""
+    lo = tl.maximum(start + shift - before, 0) // BLOCK_OTHER * BLOCK_OTHER
+    hi = tl.minimum(n_other, start + BLOCK + shift + after)
+    hi = tl.maximum(hi, lo)
+    # the last row's first position, rounded up; the first row's last position + 1, rounded down
+    full_lo = tl.cdiv(tl.maximum(start + BLOCK - 1 + shift - before, 0), BLOCK_OTHER) * BLOCK_OTHER
+    full_hi = tl.minimum(n_other, start + shift + after + 1) // BLOCK_OTHER * BLOCK_OTHER
+    no_middle = full_hi <= full_lo
+    full_lo = tl.where(no_middle, hi, tl.maximum(full_lo, lo))
+    full_hi = tl.where(no_middle, hi, full_hi)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def clip_range(lo, full_lo, full_hi, hi, other_lo, other_hi):
+    """Intersect tile_range's bounds with [other_lo, other_hi) (a block's document range),
+    keeping lo <= full_lo <= full_hi <= hi (an empty range leaves every loop empty)."""
+    lo = tl.maximum(lo, other_lo)
+    hi = tl.minimum(hi, other_hi)
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.maximum(tl.minimum(full_hi, hi), full_lo)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def positions_visible(q_idx, k_idx, seqlen_k, offset, win_left, win_right, CAUSAL: tl.constexpr, WINDOW: tl.constexpr):
+    """The positional mask for broadcast-shaped query and key indices (True: visible)."""
+    keep = k_idx < seqlen_k
+    if CAUSAL:
+        keep = keep & (k_idx <= q_idx + offset)
+    if WINDOW:
+        keep = keep & (k_idx >= q_idx + offset - win_left) & (k_idx <= q_idx + offset + win_right)
+    return keep
+
+
+@triton.jit
+def doc_ids(doc_base, idx, seqlen, fill):
+    """Document ids at positions idx, `fill` past seqlen (a value that leaves the tile's min/max
+    as they are; those positions are masked by position anyway)."""
+    return tl.load(doc_base + idx, mask=idx < seqlen, other=fill)
+
+
+@triton.jit
+def doc_tile_mixed(own_lo, own_hi, other):
+    """Whether a tile mixes documents: the program's own ids span [own_lo, own_hi], the streamed
+    tile's ids are `other`. A tile of one document on both sides needs no document mask."""
+    return (own_lo != own_hi) | (tl.min(other, 0) != own_lo) | (tl.max(other, 0) != own_lo)

@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 import pytest
 import torch
 
-from kernels.flash_attn import check_inputs, launch
+from kernels.flash_attn import check_inputs, check_masks, launch
 from kernels.flash_attn.launch import KernelConfig
 from kernels.flash_attn.op import flash_attn_fwd
 from kernels.reference import attention_backward_reference, attention_reference
@@ -112,19 +112,21 @@ def assert_within_rule(name: str, got: torch.Tensor, ref: torch.Tensor, standard
     )
 
 
-def flash_scheduled(q, k, v, causal=False, softmax_scale=None, schedule="two_pass"):
+def flash_scheduled(q, k, v, causal=False, softmax_scale=None, schedule="two_pass", window_size=(-1, -1), document_ids=None):
     """flash_attention with its backward schedule forced (one of launch.SCHEDULES): the public
     function derives it from `deterministic` and the device, the tests must reach each one anywhere."""
     check_inputs(q, k, v, causal, softmax_scale)
+    check_masks(q, k, window_size, document_ids)
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    return flash_attn_fwd(q, k, v, causal, scale, schedule)[0]
+    return flash_attn_fwd(q, k, v, causal, scale, schedule, *window_size, document_ids)[0]
 
 
-def check_against_reference(q, k, v, causal, softmax_scale=None, schedule="two_pass"):
+def check_against_reference(q, k, v, causal, softmax_scale=None, schedule="two_pass", window_size=(-1, -1), document_ids=None):
     """Run kernel, float64 reference and the plain-dtype standard; apply the exactness rule.
-    `schedule` picks the kernel's backward ("fused": the single pass with atomic dQ adds)."""
+    `schedule` picks the kernel's backward ("fused": the single pass with atomic dQ adds);
+    window_size and document_ids are passed to all three."""
     do = torch.randn(q.shape, device=q.device, dtype=torch.float64)
-    kw = dict(causal=causal, softmax_scale=softmax_scale)
+    kw = dict(causal=causal, softmax_scale=softmax_scale, window_size=window_size, document_ids=document_ids)
     out, grads = run_fwd_bwd(flash_scheduled, q, k, v, do, schedule=schedule, **kw)
     ref, ref_grads = run_fwd_bwd(attention_reference, *float64(q, k, v), do, **kw)
     std, std_grads = run_fwd_bwd(attention_reference, q, k, v, do, dtype=None, **kw)

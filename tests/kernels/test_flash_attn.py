@@ -196,7 +196,7 @@ def test_deterministic_flag_picks_the_backward(monkeypatch, fastest):
     calls = []
     for name in ("backward_dkdv", "backward_dq", "backward_fused"):
         launcher = getattr(launch, name)
-        monkeypatch.setattr(launch, name, lambda *a, _name=name, _launch=launcher: calls.append(_name) or _launch(*a))
+        monkeypatch.setattr(launch, name, lambda *a, _name=name, _launch=launcher, **kw: calls.append(_name) or _launch(*a, **kw))
     monkeypatch.setattr(launch, "fastest_schedule", lambda q: fastest)
     two_pass = ["backward_dq", "backward_dkdv"]  # the dQ pass writes the delta the dK/dV pass reads
     fast = ["backward_fused"] if fastest == "fused" else two_pass

@@ -6,7 +6,8 @@ that pick that config. So this sweeps what picks a config: each head-dim bucket 
 BLOCK_D 16, 32, 64, 128, 256, with dims that are not powers of two), query lengths from 1 (the
 value Triton specialises as a constant) to beyond a block, key lengths below, between and above
 the blocks, MHA/GQA/MQA, the three dtypes, causal and not, TMA loads as the table picks them and
-forced off, and both backward schedules. Skipped without CUDA; ~1000 cases, run with -n.
+forced off, and both backward schedules; then the same under sliding windows and document ids
+(test_masks_on_gpu). Skipped without CUDA; ~1200 cases, run with -n.
 """
 from __future__ import annotations
 
@@ -42,3 +43,46 @@ def test_shape_class_on_gpu(head_dim, seqlen_q, seqlen_k, heads, dtype, causal, 
     with launch_table_changed(lambda name, config: dict(TMA=False, TMA_DQ=False) if tma == "off" else {}):
         for schedule in ("two_pass", "fused"):
             check_against_reference(q, k, v, causal, schedule=schedule)
+
+
+# Masks on the GPU: every head-dim bucket and dtype under sliding windows and document ids, with
+# lengths below, at and beyond the blocks, both schedules, TMA as the table picks it and forced off.
+MASK_WINDOWS = [(0, 0), (1, 3), (64, -1), (127, 0), (1024, 5), (-1, 3)]
+MASK_DOCUMENTS = ["none", "few", "many", "returning"]
+
+
+def _documents(kind: str, batch: int, seqlen: int) -> torch.Tensor | None:
+    if kind == "none":
+        return None
+    pos = torch.arange(seqlen, device="cuda")
+    if kind == "few":  # boundaries that are not multiples of any block
+        ids = (pos >= seqlen // 3).long() + (pos >= seqlen // 3 + 17).long() + (pos >= seqlen - 1).long()
+    elif kind == "many":
+        ids = pos // 7
+    else:  # a document that comes back after another one
+        ids = ((pos // 50) % 2).long()
+    return ids.expand(batch, seqlen).contiguous()
+
+
+def _mask_cases():
+    shapes = [(1, 1), (17, 17), (255, 255), (1000, 1000), (113, 1024), (1024, 239)]
+    for i, (d, (sq, sk), window, kind, dtype, causal) in enumerate(itertools.product(
+            [24, 64, 111, 200], shapes, MASK_WINDOWS, MASK_DOCUMENTS, DTYPES, [False, True])):
+        if kind != "none" and sq != sk:
+            continue  # documents need seqlen_q == seqlen_k
+        if i % 6:  # a sixth of the product (~430 cases); the factors still meet in pairs across the sweep
+            continue
+        heads = HEADS[i % len(HEADS)]
+        tma = "off" if (dtype == torch.bfloat16 and i % 2) else "table"
+        yield pytest.param(d, sq, sk, heads, dtype, causal, window, kind, tma,
+                           id=f"d{d}-q{sq}-k{sk}-h{heads[0]}:{heads[1]}-{str(dtype)[6:]}-{'causal' if causal else 'full'}"
+                              f"-w{window[0]}:{window[1]}-docs_{kind}-tma_{tma}")
+
+
+@pytest.mark.parametrize("head_dim,seqlen_q,seqlen_k,heads,dtype,causal,window,documents,tma", list(_mask_cases()))
+def test_masks_on_gpu(head_dim, seqlen_q, seqlen_k, heads, dtype, causal, window, documents, tma):
+    q, k, v = make_qkv(2, heads[0], heads[1], seqlen_q, seqlen_k, head_dim, dtype)
+    ids = _documents(documents, 2, seqlen_q)
+    with launch_table_changed(lambda name, config: dict(TMA=False) if tma == "off" else {}):
+        for schedule in ("two_pass", "fused"):
+            check_against_reference(q, k, v, causal, schedule=schedule, window_size=window, document_ids=ids)

@@ -122,9 +122,9 @@ def test_layouts_reach_the_kernel_with_their_strides(monkeypatch):
     seen = []
     forward = launch.forward
 
-    def spy(q, k, v, *args):
+    def spy(q, k, v, *args, **kwargs):
         seen.append((q.stride(), k.stride()))
-        return forward(q, k, v, *args)
+        return forward(q, k, v, *args, **kwargs)
 
     monkeypatch.setattr(launch, "forward", spy)
     q, k, v = make_qkv(1, 2, 2, 9, 9, 8, torch.float32, requires_grad=False)

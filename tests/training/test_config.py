@@ -103,6 +103,12 @@ def test_experiments_show_their_command():
             "attention.backend must be one of auto, cudnn, flash, efficient, math (got 'fast')",
         ),
         (["attention.name=flashy"], "attention.name='flashy' is unknown; choose one of naive, sdpa, flash"),
+        (["attention.window=0"], "attention.window must be null or >= 1 (tokens each query sees, itself included), got 0"),
+        (["data=synthetic", "data.document_mask=true"],
+         "data.document_mask=true needs a tokenised corpus: synthetic ids hold no <|endoftext|> boundaries"),
+        (["data.reset_positions=true"], "data.reset_positions=true needs data.document_mask=true"),
+        (["context_parallel=2", "attention.window=64"],
+         "context_parallel=2 runs the plain causal mask: set data.document_mask=false and attention.window=null"),
         (["attention.deterministic=maybe"], "attention.deterministic must be auto, true or false (got 'maybe')"),
     ],
 )
