@@ -71,6 +71,7 @@ def oom_message(cfg: DictConfig, micro_batch: int, dtype: torch.dtype, device: t
         if m.vocab_size:  # null: the tokenizer's, not known here
             whole = f"the {tokens}×{m.vocab_size} logits, ~{size(tokens * m.vocab_size * (element + 8))} with their float32 copy and gradient,"
         advice.append(f"loss_chunk=4096 ({whole} never built whole)")
-    if micro_batch == 1:
-        advice.append("context parallelism: the sequence split over several GPUs")
+    if micro_batch == 1:  # one sequence that does not fit: spread it (further) over GPUs
+        cp = 2 * cfg.get("context_parallel", 1)
+        advice.append(f"context_parallel={cp} under torchrun (each GPU holds 1/{cp} of the sequence's tokens)")
     return text + " Try " + "; or ".join(advice) + "."

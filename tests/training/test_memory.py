@@ -116,11 +116,11 @@ def test_out_of_memory_advice_fits_the_case(monkeypatch):
     assert "smaller batch_size" not in message and "grad_accum" not in message  # nothing to gain at batch 1
     assert "checkpointing=blocks (the blocks keep their inputs only, not ~114.0 GiB of activations" in message
     assert "loss_chunk=4096 (the 131072×50304 logits, ~61.4 GiB with their float32 copy and gradient, never built whole)" in message
-    assert message.endswith("or context parallelism: the sequence split over several GPUs.")
+    assert message.endswith("or context_parallel=2 under torchrun (each GPU holds 1/2 of the sequence's tokens).")
     everything_on = oom_message(compose_config("experiment=long-context"), 1, torch.bfloat16, CUDA, checkpointing=True)
-    assert everything_on.endswith("Try context parallelism: the sequence split over several GPUs.")
+    assert everything_on.endswith("Try context_parallel=2 under torchrun (each GPU holds 1/2 of the sequence's tokens).")
     several = oom_message(compose_config("attention=flash", "seq_len=8192", "batch_size=4"), 4, torch.bfloat16, CUDA)
-    assert "Try a smaller batch_size or a larger grad_accum" in several and "context parallelism" not in several
+    assert "Try a smaller batch_size or a larger grad_accum" in several and "context_parallel" not in several
 
 
 @pytest.mark.slow
