@@ -22,6 +22,7 @@ rewritten after every point; running the same command again continues where it s
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -77,6 +78,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # SIGTERM (timeout, a batch system) as an exception: subprocess.run then kills the point's train.py
+    # on the way out, instead of leaving it running with the GPU's memory.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.dry_run:
         for point in points(args):
             print(" ".join(train_command(point, args, args.runs_dir / point.name)))
