@@ -156,3 +156,58 @@ def _plot_losses(ax, rows: list[dict[str, Any]], colors: dict, label: dict, seql
     ax.grid(True, alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
+
+
+# ----------------------------------------------------------------------------------------------
+# Long-context frontier
+# ----------------------------------------------------------------------------------------------
+
+
+def plot_long_context(rows: list[dict[str, Any]], path: Path, gpu_memory_gib: float | None = None) -> Path:
+    """Peak memory and tokens/s vs seq_len (log-log), one line per attention × checkpointing (solid:
+    none, dashed: blocks); an x on the bottom edge marks the first seq_len that ran out of memory,
+    a dotted line the GPU's memory."""
+    from matplotlib.transforms import blended_transform_factory
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    attns = attention_order(rows)
+    lines = sorted({(r["attention"], r["checkpointing"], r["position"]) for r in rows},
+                   key=lambda line: (attns.index(line[0]), line[1:]))
+    positions = {line[2] for line in lines}
+    for attn, ckpt, pos in lines:
+        mine = sorted((r for r in rows if (r["attention"], r["checkpointing"], r["position"]) == (attn, ckpt, pos)),
+                      key=lambda r: r["seq_len"])
+        color, style = f"C{attns.index(attn) % 10}", "-" if ckpt == "none" else "--"
+        label = f"{attn}, checkpointing {ckpt}" + (f", {pos}" if len(positions) > 1 else "")
+        ooms = [r["seq_len"] for r in mine if r["status"] == "oom"]
+        for ax, value in zip(axes, ("peak_mem_gib", "tokens_per_s")):
+            ok = [(r["seq_len"], r[value]) for r in mine if r["status"] == "ok" and r[value]]
+            if ok:
+                ax.plot(*zip(*ok), marker="o", ms=4, ls=style, color=color, label=label)
+            if ooms:  # log axes have no 0: the marker sits on the bottom edge, in axes coordinates
+                edge = blended_transform_factory(ax.transData, ax.transAxes)
+                ax.plot([min(ooms)], [0.02], "x", ms=9, mew=2, color=color, transform=edge, clip_on=False,
+                        label=f"{label}: out of memory from here")
+    if gpu_memory_gib:
+        axes[0].axhline(gpu_memory_gib, color="0.4", ls=":", lw=1, label=f"GPU memory ({gpu_memory_gib:.0f} GiB)")
+    seq_lens = sorted({r["seq_len"] for r in rows})
+    for ax, ylabel in zip(axes, ("peak memory (GiB)", "tokens / s")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(seq_lens, [f"{n // 1024}K" if n >= 1024 else str(n) for n in seq_lens])
+        ax.set_xlabel("seq_len (batch 1)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+    handles: dict[str, Any] = {}  # both panels' lines (on the CPU the memory panel has none)
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    if handles:
+        axes[0].legend(handles.values(), handles.keys(), fontsize=7)
+    fig.suptitle("long context on one GPU: memory and speed per attention × activation checkpointing", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

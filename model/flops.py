@@ -10,6 +10,11 @@ Convention (stated wherever an MFU is reported):
   or those of the causal sliding window (attention.window). Document masks change the pairs with
   every batch; the per-token figure leaves them out, so under data.document_mask it is an upper
   bound of the FLOPs the model needs (FlopCounterMode counts a batch's real pairs).
+
+MFU counts those model FLOPs; HFU (hardware FLOPs utilisation, as in Korthikanti et al. 2022)
+adds what the hardware runs again to save memory (recompute_flops_per_token): the attention
+backward's QKᵀ (flash, and SDPA's GPU kernels), each checkpointed block's forward, and a chunked
+loss's lm_head. HFU ≥ MFU; the gap is the price of the memory saved.
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ MFU_CONVENTION = (
     "6*params(no position table) + attention fwd 4*d*pairs + bwd 8*d*pairs (no recompute), "
     "causal pairs N(N+1)/2"
 )
+HFU_CONVENTION = (
+    "MFU's FLOPs + recompute: attention bwd 2*d*pairs (flash, sdpa), checkpointed blocks' forward up to the "
+    "MLP's output matmul (qkv, attn proj, fc: 16*C^2 per token, + attention fwd), chunked loss 2*V*C per token"
+)
 
 
 def flops_per_token(cfg: GPTConfig, n_params: int, window_size: tuple[int, int] = (-1, -1)) -> float:
@@ -40,8 +49,32 @@ def flops_per_token(cfg: GPTConfig, n_params: int, window_size: tuple[int, int] 
     return 6.0 * n_params + cfg.n_layer * attn_per_seq / n
 
 
+def recompute_flops_per_token(
+    cfg: GPTConfig, attention: str, checkpointing: bool, loss_chunk: int, window_size: tuple[int, int] = (-1, -1)
+) -> dict[str, float]:
+    """FLOPs per token the hardware runs beyond flops_per_token, by cause (0 where it does not apply).
+
+    attention_bwd: FlashAttention-style backwards (ours, and SDPA's cuDNN / flash / efficient
+      kernels) rebuild QKᵀ: 2·d·pairs per head and layer. Naive keeps P: nothing.
+    blocks: a checkpointed block's backward first reruns its forward, as far as it must to rebuild
+      what the backward reads; the last matmul (the MLP's output projection) only saved its input,
+      so it is not rerun (torch.utils.checkpoint stops early): qkv + attention projection + fc,
+      2·(3 + 1 + 4)·C² per token, plus the attention forward, per layer.
+    lm_head: a chunked loss rebuilds each chunk's logits: 2·V·C per token.
+    """
+    n, C, L = cfg.seq_len, cfg.n_embd, cfg.n_layer
+    per_layer = {p: attention_flops(1, cfg.n_head, n, n, cfg.head_dim, True, p, window_size=window_size) / n
+                 for p in ("fwd", "bwd", "bwd_stored_p")}
+    return {
+        "attention_bwd": L * (per_layer["bwd"] - per_layer["bwd_stored_p"]) if attention != "naive" else 0.0,
+        "blocks": L * (2 * 8 * C * C + per_layer["fwd"]) if checkpointing else 0.0,
+        "lm_head": 2.0 * cfg.vocab_size * C if loss_chunk > 0 else 0.0,
+    }
+
+
 def mfu(tokens_per_s: float, flops_per_tok: float, peak_flops: float) -> float:
-    """Model FLOPs utilisation: achieved model FLOP/s over the accelerator's peak FLOP/s."""
+    """Model FLOPs utilisation: achieved model FLOP/s over the accelerator's peak FLOP/s.
+    With hardware FLOPs per token (flops_per_token + recompute) the same ratio is the HFU."""
     return tokens_per_s * flops_per_tok / peak_flops
 
 
@@ -81,13 +114,18 @@ def _split_counts(counter: FlopCounterMode) -> tuple[int, int]:
     return dense, attention
 
 
-def count_step_flops(model_cfg: GPTConfig, attend: AttendFn, batch_size: int) -> dict[str, float]:
+def count_step_flops(
+    model_cfg: GPTConfig, attend: AttendFn, batch_size: int, checkpointing: bool = False, loss_chunk: int = 0
+) -> dict[str, float]:
     """FLOPs of one training micro-step, executed (counted by FlopCounterMode) and algorithmic.
 
     The model is built on the meta device (shapes only: no memory, no compute, so this also
     works for a naive N×N run that would not fit) and run forward, then backward, each under
     its own counter. Keys (per micro-step of `batch_size` sequences):
-      flops/model_fwd, flops/model_bwd               dense layers (linear + lm_head), counted
+      flops/model_fwd, flops/model_bwd               dense layers (linear + lm_head), counted; with
+                                                     checkpointing / loss_chunk the backward includes
+                                                     the rerun forward matmuls (and attn_bwd_executed
+                                                     the rerun attention forward)
       flops/attn_fwd_executed, flops/attn_bwd_executed
                                                      attention as the implementation runs it, counted
                                                      by the ops' formulas: naive multiplies the full
@@ -100,11 +138,14 @@ def count_step_flops(model_cfg: GPTConfig, attend: AttendFn, batch_size: int) ->
                                                      attention (the MFU convention): 4·d·pairs forward,
                                                      8·d·pairs for a backward that keeps P
       flops/attn_recompute                           executed backward beyond a stored-P backward of the
-                                                     same forward (2·d·pairs per head for flash; 0 naive)
+                                                     same forward (2·d·pairs per head for flash; 0 naive;
+                                                     plus the rerun forward under checkpointing)
       flops/attn_recompute_share                     that, as a share of the whole step's executed FLOPs
     """
     with torch.device("meta"):
         model = GPT(model_cfg, attend)
+    model.set_checkpointing(checkpointing)
+    model.loss_chunk = loss_chunk
     idx = torch.zeros(batch_size, model_cfg.seq_len, dtype=torch.long, device="meta")
     with FlopCounterMode(display=False) as fwd:
         _, loss = model(idx, idx)

@@ -12,10 +12,13 @@ import torch
 from omegaconf import DictConfig
 
 from model.attention import ATTENTION, SDPA_BACKENDS
+from model.gpt import POSITIONS
 from training.context_parallel import CP_ATTENTION
 from training.distributed import PARALLEL
 
 log = logging.getLogger(__name__)
+
+CHECKPOINTING = ("none", "blocks", "auto")  # activation checkpointing; auto: training/memory.py decides
 
 
 class ConfigError(ValueError):
@@ -84,6 +87,9 @@ def validate_config(cfg: DictConfig, world_size: int = 1) -> None:
     _require(cfg.dtype in ("auto", "bf16", "fp32"), f"dtype must be auto, bf16 or fp32 (got {cfg.dtype!r})")
     _require(cfg.compile in ("auto", True, False), f"compile must be auto, true or false (got {cfg.compile!r})")
     _require(cfg.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda (got {cfg.device!r})")
+    _require(cfg.checkpointing in CHECKPOINTING,
+             f"checkpointing must be {', '.join(CHECKPOINTING[:-1])} or {CHECKPOINTING[-1]} (got {cfg.checkpointing!r})")
+    _require(cfg.loss_chunk >= 0, f"loss_chunk must be >= 0 tokens, 0 for the plain loss (got {cfg.loss_chunk})")
     _require(
         cfg.device != "cuda" or torch.cuda.is_available(),
         "device=cuda but torch sees no CUDA GPU; use device=auto or device=cpu",
@@ -95,6 +101,10 @@ def validate_config(cfg: DictConfig, world_size: int = 1) -> None:
     _require(m.n_embd % m.n_head == 0, f"model.n_head={m.n_head} must divide model.n_embd={m.n_embd}")
     _require(m.vocab_size is None or m.vocab_size > 0, f"model.vocab_size must be > 0 or null (got {m.vocab_size})")
     _require(0 <= m.dropout < 1, f"model.dropout must be in [0, 1) (got {m.dropout})")
+    _require(m.position in POSITIONS, f"model.position must be {' or '.join(POSITIONS)} (got {m.position!r})")
+    _require(m.rope_base > 1, f"model.rope_base must be > 1 (got {m.rope_base})")
+    _require(m.position != "rope" or (m.n_embd // m.n_head) % 2 == 0,
+             f"model.position=rope rotates pairs of features: head_dim = n_embd/n_head = {m.n_embd // m.n_head} must be even")
 
     a = cfg.attention
     _require(a.name in ATTENTION, f"attention.name={a.name!r} is unknown; choose one of {', '.join(ATTENTION)}")

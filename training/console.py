@@ -84,9 +84,13 @@ def size(n_bytes: float) -> str:
     return f"{n_bytes / 2**10:.1f} KiB"
 
 
-def oom_message(cfg: DictConfig, micro_batch: int, dtype: torch.dtype, device: torch.device) -> str:
+def oom_message(cfg: DictConfig, micro_batch: int, dtype: torch.dtype, device: torch.device,
+                checkpointing: bool = False) -> str:
     """What a run that ran out of GPU memory tells its user: its shape, for naive attention the
-    memory of its N×N matrices (model.attention.naive_attention_bytes), and what to change."""
+    memory of its N×N matrices (model.attention.naive_attention_bytes), and what to change, fitted
+    to the case: fewer sequences at once while there is more than one; at one sequence, what is
+    still off of checkpointing and the chunked loss (with the memory each would save), then
+    splitting the sequence over GPUs."""
     a, m, n = cfg.attention.name, cfg.model, cfg.seq_len
     text = f"out of GPU memory: attention={a} model={m.name} seq_len={n} batch_size={cfg.batch_size}"
     text += f" (micro-batch {micro_batch})."
@@ -100,6 +104,22 @@ def oom_message(cfg: DictConfig, micro_batch: int, dtype: torch.dtype, device: t
         if device.type == "cuda":
             text += f" (this GPU has {size(torch.cuda.get_device_properties(device).total_memory)})"
         text += "."
+    advice = []
     if a != "flash":
-        return text + " Try attention=flash (no N×N matrices), a smaller batch_size, or a larger grad_accum."
-    return text + " Try a smaller batch_size or a larger grad_accum (the same tokens per step, fewer at once)."
+        advice.append("attention=flash (no N×N matrices)")
+    if micro_batch > 1:
+        advice.append("a smaller batch_size or a larger grad_accum (the same tokens per step, fewer at once)")
+    tokens, element = micro_batch * n, torch.finfo(dtype).bits // 8
+    if not checkpointing:
+        kept = m.n_layer * tokens * m.n_embd * (8 + 15 * element)  # training/memory.py's activation estimate
+        advice.append(f"checkpointing=blocks (the blocks keep their inputs only, not ~{size(kept)} of activations; "
+                      "the backward reruns each block's forward, ~1/3 more FLOPs)")
+    if cfg.loss_chunk == 0:
+        whole = "the tokens × vocab logits"
+        if m.vocab_size:  # null: the tokenizer's, not known here
+            whole = f"the {tokens}×{m.vocab_size} logits, ~{size(tokens * m.vocab_size * (element + 8))} with their float32 copy and gradient,"
+        advice.append(f"loss_chunk=4096 ({whole} never built whole)")
+    if micro_batch == 1:  # one sequence that does not fit: spread it (further) over GPUs
+        cp = 2 * cfg.get("context_parallel", 1)
+        advice.append(f"context_parallel={cp} under torchrun (each GPU holds 1/{cp} of the sequence's tokens)")
+    return text + " Try " + "; or ".join(advice) + "."

@@ -147,7 +147,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         atomic_write(run.out_dir / RESOLVED_CONFIG, OmegaConf.to_yaml(OmegaConf.create(resolved)))
     metrics = MetricsLogger(cfg, run.out_dir, run.derived) if run.dist.is_main else NoMetrics()
     _log_step_flops(run, metrics)
-    summary: dict[str, Any] = {"status": "ok"}
+    # Known before the first step, so an out-of-memory summary has them too: whether the backward
+    # reruns the blocks, and what training/memory.py expected the step to need.
+    summary: dict[str, Any] = {"status": "ok", "checkpointing": run.derived["checkpointing"],
+                               "loss_chunk": cfg.loss_chunk, "memory/estimated_gib": run.derived["estimated_step_gib"]}
     try:
         summary.update(_loop(run, metrics))
     except NonFiniteStep as bad:
@@ -160,7 +163,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         )
         summary.update(status="nonfinite", error=f"step {bad.step}: {bad}")
     except torch.OutOfMemoryError:
-        log.error("%s", oom_message(cfg, run.derived["micro_batch"], resolve_dtype(cfg, run.device), run.device))
+        dtype = resolve_dtype(cfg, run.device)
+        log.error("%s", oom_message(cfg, run.derived["micro_batch"], dtype, run.device, run.raw_model.checkpointing))
         error = f"CUDA out of memory (attention={cfg.attention.name}, seq_len={cfg.seq_len}, batch_size={cfg.batch_size})"
         summary.update(status="oom", error=error)
     except BaseException as err:  # still close the logs, marked as failed, then let it propagate
@@ -273,6 +277,7 @@ def _step_metrics(run: Run, loss: float, lr: float, dt: float) -> dict[str, floa
     row = {"train/loss": loss, "lr": lr, "perf/step_ms": 1e3 * dt, "perf/tokens_per_s": tokens_per_s}
     if run.peak_flops:
         row["perf/mfu"] = mfu(tokens_per_s, run.flops_per_token, run.peak_flops)
+        row["perf/hfu"] = mfu(tokens_per_s, run.hardware_flops_per_token, run.peak_flops)  # recompute included
     if run.device.type == "cuda":  # the run's peak so far: weights, optimizer state, activations
         row["perf/peak_mem_gib"] = torch.cuda.max_memory_allocated(run.device) / 2**30
     return row
@@ -319,6 +324,7 @@ def _final_numbers(run: Run, tally: _Tally, profiled: dict[str, Any]) -> dict[st
         summary["final/tokens_per_s_median"] = cfg.batch_size * cfg.seq_len / steady
         if run.peak_flops:
             summary["final/mfu_median"] = mfu(summary["final/tokens_per_s_median"], run.flops_per_token, run.peak_flops)
+            summary["final/hfu_median"] = mfu(summary["final/tokens_per_s_median"], run.hardware_flops_per_token, run.peak_flops)
         if device.type == "cuda":  # the fullest GPU's peak: ranks can differ (FSDP's root, rank 0's extras)
             summary["final/peak_mem_gib"] = distributed.maximum(torch.cuda.max_memory_allocated(device) / 2**30, device)
     if profiled.get("attention_share") is not None:
@@ -332,7 +338,8 @@ def _log_step_flops(run: Run, metrics: MetricsLogger | NoMetrics) -> None:
     """FLOPs of one optimizer step split into model/attention and forward/backward, counted by
     FlopCounterMode on a shapes-only copy of the model, so the backward's recomputation shows."""
     attend = run.cp.local_attend if run.cp else run.raw_model.blocks[0].attn.attend  # the whole step as on one process
-    flops = count_step_flops(run.raw_model.cfg, attend, run.cfg.batch_size)
+    model = run.raw_model
+    flops = count_step_flops(model.cfg, attend, run.cfg.batch_size, model.checkpointing, model.loss_chunk)
     metrics.log_constants(run.start_step, flops)
     log.info(
         "FLOPs per step: model fwd %.3g bwd %.3g | attention executed fwd %.3g bwd %.3g (algorithmic %.3g / %.3g), "

@@ -1,9 +1,10 @@
 """Where metrics go: always JSON lines in the run folder, optionally a wandb run.
 
 One set of names everywhere (metrics.jsonl, summary.json, wandb). Per step: train/loss, val/loss,
-lr, perf/step_ms, perf/tokens_per_s, perf/mfu, perf/peak_mem_gib, train/tokens, time/elapsed_s. Per
-run (the summary): final/val_loss, final/train_loss, final/step_ms_median, final/tokens_per_s_median,
-final/mfu_median, final/peak_mem_gib: named apart from the per-step values they aggregate, so no
+lr, perf/step_ms, perf/tokens_per_s, perf/mfu, perf/hfu, perf/peak_mem_gib, train/tokens, time/elapsed_s.
+Per run (the summary): final/val_loss, final/train_loss, final/step_ms_median, final/tokens_per_s_median,
+final/mfu_median, final/hfu_median, final/peak_mem_gib (and, known at the start: checkpointing,
+loss_chunk, memory/estimated_gib): named apart from the per-step values they aggregate, so no
 view can mistake one step's number for the run's. Only rank 0 should build a MetricsLogger; the
 wandb side is training/wandb_run.py.
 """

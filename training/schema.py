@@ -48,6 +48,8 @@ class Model:
     vocab_size: Optional[int] = MISSING
     dropout: float = MISSING
     bias: bool = MISSING
+    position: str = MISSING
+    rope_base: float = MISSING
 
 
 @dataclass
@@ -138,6 +140,8 @@ class TrainConfig:
     skip_nonfinite_steps: bool = MISSING
     dtype: str = MISSING
     compile: Union[bool, str] = MISSING
+    checkpointing: str = MISSING
+    loss_chunk: int = MISSING
     device: str = MISSING
     parallel: str = MISSING
     context_parallel: int = MISSING

@@ -1,8 +1,9 @@
 """Everything a run needs before its first step, built once: data, model, optimizer, numbers.
 
-setup(cfg): validate -> device (and the process group under torchrun) -> data -> build_model ->
-wrap_model -> optimizer (-> resume) -> the derived numbers logged at start (parameters, tokens
-per step, FLOPs per token, the MFU denominator, the attention choice).
+setup(cfg): validate -> device (and the process group under torchrun) -> data -> build_model
+(with checkpointing and the loss chunking) -> wrap_model -> optimizer (-> resume) -> the derived
+numbers logged at start (parameters, tokens per step, model and hardware FLOPs per token, the
+MFU denominator, the attention choice).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from torch import nn
 
 from data import build_dataset
 from model.attention import get_attention, window_size
-from model.flops import MFU_CONVENTION, flops_per_token, measure_matmul_flops
+from model.flops import HFU_CONVENTION, MFU_CONVENTION, flops_per_token, measure_matmul_flops, recompute_flops_per_token
 from model.gpt import GPT, GPTConfig
 from training import distributed
 from training.batches import BatchInputs, document_inputs, no_inputs
@@ -30,6 +31,7 @@ from training.config import ConfigError, resolve_compile, resolve_device, resolv
 from training.context_parallel import ContextParallel, Shard, setup_context_parallel, whole_sequences
 from training.distributed import DistInfo
 from training.estimate import StepEstimate, estimate_step, slow_step_warning
+from training.memory import rank_estimate, resolve_checkpointing
 from training.metrics import attention_label
 from training.optim import build_optimizer
 
@@ -58,6 +60,7 @@ class Run:
     estimate: StepEstimate | None = None  # the start-up estimate of a step on a CPU (rank 0); None on a GPU
     cp: ContextParallel | None = None  # context_parallel > 1: this rank's group and token split
     inputs: BatchInputs = no_inputs  # the model's extra inputs per batch (document ids, positions)
+    hardware_flops_per_token: float = 0.0  # flops_per_token + what is run again to save memory (HFU)
 
     @property
     def shard(self) -> Shard:
@@ -65,19 +68,26 @@ class Run:
         return self.cp.shard if self.cp else whole_sequences
 
 
-def build_model(cfg: DictConfig, tokenizer_vocab: int, device: torch.device) -> GPT:
-    """GPT from the model group, seq_len and the attention group, on `device`, seeded by cfg.seed."""
+def build_model(cfg: DictConfig, tokenizer_vocab: int, device: torch.device, dist: DistInfo = DistInfo()) -> GPT:
+    """GPT from the model group, seq_len and the attention group, on `device`, seeded by cfg.seed;
+    with activation checkpointing as cfg.checkpointing resolves (training/memory.py) and the
+    loss in chunks of cfg.loss_chunk tokens."""
     m = cfg.model
     vocab = m.vocab_size if m.vocab_size is not None else 64 * math.ceil(tokenizer_vocab / 64)
     if vocab < tokenizer_vocab:
         raise ConfigError(
             f"model.vocab_size={vocab} is smaller than the tokenizer's {tokenizer_vocab}; raise it or set null"
         )
-    gcfg = GPTConfig(m.n_layer, m.n_head, m.n_embd, vocab, cfg.seq_len, m.dropout, m.bias)
+    gcfg = GPTConfig(m.n_layer, m.n_head, m.n_embd, vocab, cfg.seq_len, m.dropout, m.bias, m.position, m.rope_base)
     attention_options = {k: v for k, v in cfg.attention.items() if k != "name"}
     attend = get_attention(cfg.attention.name, **attention_options)
+    checkpointing, why = resolve_checkpointing(cfg, gcfg, device, resolve_dtype(cfg, device), dist)
+    log.info("%s", why)
     torch.manual_seed(cfg.seed)
-    return GPT(gcfg, attend).to(device)
+    model = GPT(gcfg, attend).to(device)
+    model.set_checkpointing(checkpointing)
+    model.loss_chunk = cfg.loss_chunk
+    return model
 
 
 def wrap_model(model: nn.Module, cfg: DictConfig, device: torch.device, dist: DistInfo = DistInfo()) -> nn.Module:
@@ -111,10 +121,10 @@ def setup(cfg: DictConfig) -> Run:
     # Rank 0's run folder: the other ranks write nothing there, but read checkpoints from it.
     out_dir = Path(distributed.broadcast(str(cfg.out_dir)))
     dtype = resolve_dtype(cfg, device)
-    estimate = None
+    step_time = None
     if device.type == "cpu" and dist.is_main:  # before the data work, so a slow shape is flagged within seconds
-        estimate = estimate_step(cfg, dtype, dist.world_size)
-        if warning := slow_step_warning(cfg, estimate):
+        step_time = estimate_step(cfg, dtype, dist.world_size)
+        if warning := slow_step_warning(cfg, step_time):
             log.warning("%s", warning)
     cache_dir = Path(cfg.cache_dir)
     if not cache_dir.is_absolute():
@@ -123,16 +133,24 @@ def setup(cfg: DictConfig) -> Run:
         ds = build_dataset(cfg.data, cfg.seq_len, cache_dir, cfg.seed)
     except ValueError as err:  # corpus too small, missing files...: the user's to fix
         raise ConfigError(f"data={cfg.data.name}: {err}") from err
-    model = build_model(cfg, ds.vocab_size, device)
+    model = build_model(cfg, ds.vocab_size, device, dist)
     cp = setup_context_parallel(cfg, dist.world_size, device, model) if dist.cp > 1 else None
     wrapped = wrap_model(model, cfg, device, dist)
     optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), device)
     start_step = resume(cfg, out_dir, model, optimizer) if cfg.resume else 0
-    fpt = flops_per_token(model.cfg, model.num_params(), window_size(cfg.attention.get("window")))
+    window = window_size(cfg.attention.get("window"))
+    fpt = flops_per_token(model.cfg, model.num_params(), window)
+    recompute = recompute_flops_per_token(model.cfg, cfg.attention.name, model.checkpointing, cfg.loss_chunk, window)
+    hfpt = fpt + sum(recompute.values())
+    if model.checkpointing:
+        log.info("activation checkpointing: each block keeps its input only and the backward reruns its forward: "
+                 "+%.3g FLOPs per token (+%.1f%% over the model's), counted in perf/hfu, not in perf/mfu",
+                 recompute["blocks"], 100 * recompute["blocks"] / fpt)
     peak, peak_source = peak_flops(cfg, device, dtype)
     if peak and dist.world_size > 1:  # tokens/s counts every rank's tokens: MFU against all their devices
         peak, peak_source = peak * dist.world_size, f"{peak_source} × {dist.world_size} ranks"
     autocast = lambda: torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)  # noqa: E731
+    estimate = rank_estimate(cfg, model.cfg, dtype, model.checkpointing, dist)
     derived = {
         "params": model.num_params(), "params_total": model.num_params(non_embedding=False),
         "vocab_size": model.cfg.vocab_size, "tokenizer_vocab": ds.vocab_size,
@@ -140,7 +158,11 @@ def setup(cfg: DictConfig) -> Run:
         "parallel": cfg.parallel if dist.launched else "none",
         "micro_batch": cfg.batch_size // (cfg.grad_accum * dist.dp_size),  # per rank
         "context_parallel": dist.cp, "tokens_per_rank_sequence": cfg.seq_len // dist.cp,
+        "estimated_step_gib": round(estimate.total / 2**30, 3),
+        "position": model.cfg.position, "checkpointing": "blocks" if model.checkpointing else "none",
+        "loss_chunk": cfg.loss_chunk,
         "flops_per_token": fpt, "mfu_convention": MFU_CONVENTION,
+        "hardware_flops_per_token": hfpt, "hfu_convention": HFU_CONVENTION,
         "peak_flops": peak, "peak_flops_source": peak_source,
         "attention": attention_label(cfg), "device": str(device),
         "attention_window": cfg.attention.get("window"), "document_mask": cfg.data.document_mask,
@@ -150,5 +172,5 @@ def setup(cfg: DictConfig) -> Run:
         "torch": torch.__version__, "start_step": start_step,
     }
     inputs = document_inputs(ds, cfg.data.document_mask, cfg.data.reset_positions)
-    return Run(cfg, out_dir, device, ds, model, wrapped, optimizer, autocast, start_step, fpt, peak, derived, dist, estimate, cp,
-               inputs)
+    return Run(cfg, out_dir, device, ds, model, wrapped, optimizer, autocast, start_step, fpt, peak, derived, dist, step_time, cp,
+               inputs, hfpt)

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig, get_attention
-from model.flops import count_step_flops, flops_per_token, measure_matmul_flops, mfu
+from kernels.flops import attention_flops
+from model.flops import count_step_flops, flops_per_token, measure_matmul_flops, mfu, recompute_flops_per_token
 
 NAMES = ["naive", "sdpa", "flash"]
 
@@ -54,3 +55,36 @@ def test_step_flops_split_model_attention_and_show_the_recompute():
     assert naive["flops/attn_fwd_executed"] == cfg.n_layer * batch * cfg.n_head * 4 * cfg.seq_len**2 * cfg.head_dim
     assert naive["flops/attn_bwd_executed"] == 2 * naive["flops/attn_fwd_executed"]
     assert naive["flops/attn_recompute"] == 0
+
+
+@pytest.mark.parametrize("name", ["naive", "flash"])
+def test_recompute_flops_formula_equals_what_the_counter_sees(name):
+    """Checkpointing and the chunked loss add to the backward exactly recompute_flops_per_token's
+    blocks and lm_head terms (dense matmuls: qkv, attention projection, fc, not the MLP's output
+    projection; attention: one more forward as the counter counts it), counted on the meta device."""
+    cfg = GPTConfig(n_layer=2, n_head=4, n_embd=64, vocab_size=512, seq_len=128, position="rope")
+    batch, tokens = 3, 3 * 128
+    attend = get_attention(name)
+    plain = count_step_flops(cfg, attend, batch)
+    saving = count_step_flops(cfg, attend, batch, checkpointing=True, loss_chunk=100)
+    extra = recompute_flops_per_token(cfg, name, checkpointing=True, loss_chunk=100)
+    assert saving["flops/model_fwd"] == plain["flops/model_fwd"]
+    dense_blocks = extra["blocks"] - cfg.n_layer * attention_flops(1, cfg.n_head, 128, 128, cfg.head_dim, True) / 128
+    assert saving["flops/model_bwd"] - plain["flops/model_bwd"] == (dense_blocks + extra["lm_head"]) * tokens
+    assert saving["flops/attn_bwd_executed"] - plain["flops/attn_bwd_executed"] == plain["flops/attn_fwd_executed"]  # the attention forward, again
+    assert recompute_flops_per_token(cfg, name, False, 0)["blocks"] == 0 == recompute_flops_per_token(cfg, name, False, 0)["lm_head"]
+    # the attention backward's own recompute: flash rebuilds QKᵀ (2·d·pairs per head), naive kept P
+    assert extra["attention_bwd"] * tokens == (plain["flops/attn_recompute"] if name == "flash" else 0)
+
+
+def test_hfu_over_mfu_at_long_context():
+    """GPT-2 medium at 128K tokens with flash, checkpointing and the chunked loss. Attention dominates
+    there: per head and pair it costs the model 4 + 8 = 12·d but the hardware 4 + 10 + 4 = 18·d (the
+    backward's QKᵀ, the rerun forward), so HFU / MFU approaches 1.5 from below."""
+    cfg = GPTConfig(n_layer=24, n_head=16, n_embd=1024, vocab_size=50304, seq_len=131072, position="rope")
+    with torch.device("meta"):
+        n_params = GPT(cfg).num_params()
+    model = flops_per_token(cfg, n_params)
+    extra = recompute_flops_per_token(cfg, "flash", True, 4096)
+    ratio = (model + sum(extra.values())) / model
+    assert 1.4 < ratio < 1.5, ratio
