@@ -35,6 +35,8 @@ def attention_mask(
     left, right = window_size
     if causal:
         right = 0 if right < 0 else min(right, 0)
+    if document_ids is not None:
+        device = document_ids.device  # the two masks combine, so they live on one device
     mask = None
     if left >= 0 or right >= 0:
         rel = torch.arange(seqlen_k, device=device)[None, :] - torch.arange(seqlen_q, device=device)[:, None] - (seqlen_k - seqlen_q)

@@ -238,12 +238,15 @@ def _launch_key_blocks(do, q, k, v, lse2, delta, mask: KernelMask, scale: float,
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dq_args = (None,) * 5 if dq_acc is None else (dq_acc, *dq_acc.stride())
+    tma_dq = dq_acc is not None and tma_reduce_ok(cfg, dq_acc)
+    if tma_dq:
+        _ensure_allocator()  # the dQ descriptor is built on the device, in Triton's workspace
     bwd_kv_kernel[(_cdiv(seqlen_k, cfg.BLOCK_N), heads_kv, batch)](
         q, k, v, do, lse2, delta, dk, dv, dq_args[0],
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *dq_args[1:],
         heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E.value, scale,
         **mask.kernel_args(cfg.BLOCK_N, cfg.BLOCK_M, tile_counter),
-        ATOMIC_DQ=dq_acc is not None, TMA_DQ=dq_acc is not None and tma_reduce_ok(cfg, dq_acc),
+        ATOMIC_DQ=dq_acc is not None, TMA_DQ=tma_dq,
         **cfg.launch_kwargs(q, do), **consts,
     )
     return dk, dv

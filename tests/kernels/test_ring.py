@@ -133,6 +133,8 @@ def _assemble(per_rank: list, layout: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="gloo ranks run the kernel in the CPU interpreter, which is off "
+                    "on a CUDA machine; there the NCCL test below covers the ring")
 @pytest.mark.parametrize("cp", [2, 4])
 def test_ring_attention_matches_one_process_attention(tmp_path, cp):
     cases = _make_cases(heads_kv=1, which=CASES_BY_CP[cp])  # GQA: 2 query heads read 1 key/value head
