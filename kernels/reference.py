@@ -120,7 +120,7 @@ class BlockStep:
     """State of the online softmax after one key block (per query row)."""
 
     m: torch.Tensor  # running max of the scores seen so far
-    l: torch.Tensor  # running sum of e^{s - m}
+    l: torch.Tensor  # noqa: E741  (the algorithm's name) running sum of e^{s - m}
     alpha: torch.Tensor  # e^{m_old - m_new}, the factor applied to l and o at this step
 
 
@@ -137,7 +137,7 @@ def online_softmax_attention(
         values = values[:, None]
     shape = scores.shape[:-1]
     m = torch.full(shape, float("-inf"), dtype=scores.dtype)
-    l = torch.zeros(shape, dtype=scores.dtype)
+    l = torch.zeros(shape, dtype=scores.dtype)  # noqa: E741
     o = torch.zeros(*shape, values.shape[-1], dtype=scores.dtype)
     trace = []
     for start in range(0, scores.shape[-1], block_size):
@@ -145,7 +145,7 @@ def online_softmax_attention(
         m_new = torch.maximum(m, s.max(-1).values)
         alpha = torch.exp(m - m_new)  # how much the old sum shrinks under the new max
         p = torch.exp(s - m_new[..., None])
-        l = alpha * l + p.sum(-1)
+        l = alpha * l + p.sum(-1)  # noqa: E741
         o = alpha[..., None] * o + p @ values[start:start + block_size].to(scores.dtype)
         m = m_new
         trace.append(BlockStep(m.clone(), l.clone(), alpha))

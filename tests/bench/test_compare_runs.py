@@ -8,8 +8,8 @@ import pytest
 from _fake_runs import OK, fake_run
 from omegaconf import OmegaConf
 
-from bench.results import read_results
 from bench import plots
+from bench.results import read_results
 from bench.runs import ROW_KEYS, attention_rank, collect, loss_curve
 from scripts import compare_runs
 from training.loop import train

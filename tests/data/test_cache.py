@@ -6,10 +6,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _corpus import text_cfg, write_corpus
 
 import data.dataset
 import data.tokenizer
-from _corpus import text_cfg, write_corpus
 from data import build_dataset
 from data.cache import build_lock
 from data.sources import load_corpus

@@ -5,8 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from _corpus import data_cfg, text_cfg, write_corpus
+
 from data import EOT, build_dataset, token_dtype
 from data.dataset import TokenDataset
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import datasets
 import pytest
-
 from _corpus import REPO, WORDS, data_cfg, text_cfg, write_corpus
+
 from data import EOT, build_dataset
 from data.sources import THIRD_PARTY_DIRS, load_corpus
 

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 import yaml
-
 from conftest import CONFIGS
+
 from model.attention import ATTENTION, SDPA_BACKENDS, get_attention, naive_attention, naive_attention_bytes, sdpa_attention
 
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from model import GPT, GPTConfig, get_attention
 from kernels.flops import attention_flops
+from model import GPT, GPTConfig, get_attention
 from model.flops import count_step_flops, flops_per_token, measure_matmul_flops, mfu, recompute_flops_per_token
 
 NAMES = ["naive", "sdpa", "flash"]

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from _tiny import CPU, read_metrics, tiny_model_and_optimizer
 from conftest import CONFIGS, REPO, SHRINK
+
 from model import GPT, GPTConfig
 from training import train
 from training.checkpoint import (

@@ -4,10 +4,10 @@ import dataclasses
 import re
 
 import pytest
+from conftest import CONFIGS, REPO, compose_config
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 
-from conftest import CONFIGS, REPO, compose_config
 from training import schema
 from training.config import ConfigError, validate_config
 from training.metrics import attention_label

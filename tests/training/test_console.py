@@ -3,8 +3,8 @@
 from types import SimpleNamespace
 
 import torch
-
 from conftest import compose_config
+
 from training.console import oom_message, size, step_line
 
 

@@ -5,8 +5,8 @@ import logging
 import time
 
 import pytest
-
 from conftest import compose_config
+
 from training.config import validate_config
 from training.estimate import SLOW_STEP_S, StepEstimate, causal_block_pairs, duration, estimate_step, slow_step_warning
 from training.progress import StepProgress

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from _tiny import CPU, no_autocast, read_metrics
 from conftest import PatternDataset
+
 from model import GPT, GPTConfig
 from training import train
 from training.batches import get_batch

@@ -7,11 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from _tiny import read_metrics
 from conftest import compose_config
 from test_context_parallel import CP_RUN, ONE
 from test_distributed import launch, single, steps
+
 from model import GPTConfig
 from training import train
 from training.checkpoint import CHECKPOINT_NAME, load_checkpoint

@@ -6,9 +6,9 @@ import logging
 from pathlib import Path
 
 import pytest
-
 from _tiny import read_metrics
 from conftest import compose_config
+
 from data.files import atomic_path
 from training import train
 from training.metrics import (

@@ -1,8 +1,8 @@
 """training/optim.py: the AdamW parameter groups and the warmup + cosine schedule."""
 
 import pytest
-
 from _tiny import CPU
+
 from model import GPT, GPTConfig
 from training.optim import build_optimizer, lr_at
 

@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from omegaconf import OmegaConf
-
 from _tiny import CPU
 from conftest import SHRINK, compose_config
+from omegaconf import OmegaConf
+
 from training.config import ConfigError
 from training.setup import build_model, peak_flops, setup
 

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, SHRINK
+
 from training import train
 from training.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from training.metrics import METRICS_FILE, SUMMARY_FILE, read_jsonl

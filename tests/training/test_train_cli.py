@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import REPO, SHRINK, compose_config
 from hydra.errors import ConfigCompositionException
 
-from conftest import REPO, SHRINK, compose_config
 from training.metrics import SUMMARY_FILE
 
 

@@ -9,10 +9,10 @@ import subprocess
 import sys
 
 import pytest
-from omegaconf import OmegaConf
-
 from _wandb_file import offline_runs, read_run
 from conftest import REPO, SHRINK, compose_config
+from omegaconf import OmegaConf
+
 from scripts import compare_runs
 from training import train
 from training.metrics import METRICS_FILE, SUMMARY_FILE, read_jsonl
