@@ -117,10 +117,14 @@ def kernel_config(kernel: str, block_d: int, dtype: torch.dtype, causal: bool) -
 
 # Host time matters as much as kernel time at short sequences (N=1024: a fwd+bwd is ~0.5 ms of GPU
 # work), so what depends only on the shape class is computed once: configs, constants, capability.
+def _table_key(block_d: int, dtype: torch.dtype) -> tuple[str, str]:
+    """(padded head dim class, dtype class): how LAUNCH_TABLE and FUSED_FASTER are keyed."""
+    return "d64" if block_d <= 64 else "d128" if block_d <= 128 else "d256", "fp32" if dtype == torch.float32 else "16bit"
+
+
 @functools.lru_cache(maxsize=None)
 def _table_config(kernel: str, block_d: int, dtype: torch.dtype, causal: bool, interpret: bool) -> KernelConfig:
-    head_dim_class = "d64" if block_d <= 64 else "d128" if block_d <= 128 else "d256"
-    config = LAUNCH_TABLE[kernel, head_dim_class, "fp32" if dtype == torch.float32 else "16bit"]
+    config = LAUNCH_TABLE[(kernel, *_table_key(block_d, dtype))]
     if interpret:
         config = KernelConfig(64, 64, REVERSE=config.REVERSE, TMA=config.TMA, TMA_DQ=config.TMA_DQ)
     return dataclasses.replace(config, REVERSE=causal and config.REVERSE)
@@ -174,13 +178,6 @@ def _ensure_allocator() -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
-    # float32 inputs get true float32 products unless the user opted into TF32 globally
-    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
-        return "ieee"
-    return "tf32"
-
-
 def _launch_args(q: torch.Tensor) -> dict:
     """The kernels' shape constants (a cached dict: callers only unpack it)."""
     return _constants(q.shape[-1], q.dtype, interpreting(), torch.backends.cuda.matmul.allow_tf32)
@@ -192,7 +189,8 @@ def _constants(head_dim: int, dtype: torch.dtype, interpret: bool, allow_tf32: b
         HEAD_DIM=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),  # tl.dot needs K >= 16
         UPCAST=interpret and dtype == torch.bfloat16,
-        DOT_PRECISION=_dot_precision(dtype),
+        # float32 inputs get true float32 products unless the user opted into TF32 globally
+        DOT_PRECISION="ieee" if dtype == torch.float32 and not allow_tf32 else "tf32",
     )
 
 
@@ -308,9 +306,7 @@ def fastest_schedule(q: torch.Tensor) -> str:
         return "fused"
     if q.device.type != "cuda" or _capability(q.device)[0] < 9:
         return "two_pass"
-    block_d = _launch_args(q)["BLOCK_D"]
-    head_dim_class = "d64" if block_d <= 64 else "d128" if block_d <= 128 else "d256"
-    return "fused" if FUSED_FASTER.get((head_dim_class, "fp32" if q.dtype == torch.float32 else "16bit"), False) else "two_pass"
+    return "fused" if FUSED_FASTER.get(_table_key(_launch_args(q)["BLOCK_D"], q.dtype), False) else "two_pass"
 
 
 # (padded head dim, dtype class) where the fused schedule with TMA reduce-add beat the two passes
