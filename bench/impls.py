@@ -15,6 +15,7 @@ measure exactly what `train.py attention=...` runs; flex is benchmark-only.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
@@ -33,13 +34,22 @@ IMPL_NAMES = ("naive", "flash", "flash_two_pass", "flash_fused", "sdpa", *SDPA_P
 FLEX_RECOMPILE_LIMIT = 256
 
 
-def _flex() -> AttnFn:
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+@functools.cache
+def compiled_flex() -> Callable[..., Tensor]:
+    """FlexAttention under torch.compile (how it is meant to run: eager it materialises the N×N
+    scores), one compiled function for every caller, with room for a variant per shape and mask."""
+    from torch.nn.attention.flex_attention import flex_attention
 
     dynamo_config = torch._dynamo.config
     name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
     setattr(dynamo_config, name, max(getattr(dynamo_config, name), FLEX_RECOMPILE_LIMIT))
-    compiled = torch.compile(flex_attention, dynamic=False)
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _flex() -> AttnFn:
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    compiled = compiled_flex()
     masks: dict[tuple, object] = {}  # block masks are built once per shape, outside the timed calls
 
     def flex(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:

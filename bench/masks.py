@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from bench.failures import run_guarded
+from bench.impls import compiled_flex
 from bench.inputs import random_inputs
 from bench.results import rounded
 from bench.timing import bench_ms, release_memory
@@ -92,7 +93,7 @@ def masked_impl(impl: str, mask: Mask, seqlen: int, device: torch.device) -> Mas
     batch = ids.shape[0] if ids is not None else None
     block_mask = create_block_mask(mask_mod, batch, None, seqlen, seqlen, device=device)  # built once, outside the timing
     # compiled on CUDA (how FlexAttention is meant to run); eager on CPU, where compiling needs a toolchain
-    flex = torch.compile(flex_attention, dynamic=False) if device.type == "cuda" else flex_attention
+    flex = compiled_flex() if device.type == "cuda" else flex_attention
     return lambda q, k, v: flex(q, k, v, block_mask=block_mask)
 
 
