@@ -29,9 +29,8 @@ import triton.language as tl
 
 from kernels.flash_attn.tiles import (
     causal_bounds,
-    clip_range,
     doc_ids,
-    doc_tile_mixed,
+    doc_range,
     dot_acc,
     load_rows,
     mma_operand,
@@ -66,13 +65,13 @@ def _bwd_kv_inner(
     dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_base,
     stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
     offs_n, offs_m0, offs_d, lo, hi, seqlen_q, seqlen_k, offset, qk_scale, softmax_scale,
-    win_left, win_right, doc_base, doc_k, doc_lo, doc_hi, TILES,
+    win_left, win_right, doc_base, doc_k, TILES,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DOCS: tl.constexpr, COUNT_TILES: tl.constexpr,
     ELEM: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr,
 ):
     """dV += Pᵀ dO and dK += dSᵀ Q (unscaled) over the query blocks [lo, hi) of one head.
-    MASKED: the positional mask; DOCS: the document mask where a tile mixes documents."""
+    MASKED: the positional mask; DOCS: the document mask."""
     d_ok = offs_d[None, :] < HEAD_DIM
     for start_m in range(lo, hi, BLOCK_M):
         if COUNT_TILES:
@@ -88,9 +87,7 @@ def _bwd_kv_inner(
             keep = positions_visible(rows[None, :], offs_n[:, None], seqlen_k, offset, win_left, win_right, CAUSAL, WINDOW)
             p_t = tl.where(keep, p_t, 0.0)
         if DOCS:
-            doc_q = doc_ids(doc_base, rows, seqlen_q, doc_lo)
-            if doc_tile_mixed(doc_lo, doc_hi, doc_q):
-                p_t = tl.where(doc_k[:, None] == doc_q[None, :], p_t, 0.0)
+            p_t = tl.where(doc_k[:, None] == doc_ids(doc_base, rows, seqlen_q)[None, :], p_t, 0.0)
         do = mma_operand(load_rows(do_src, start_m, offs_m0, offs_d, seqlen_q, stride_don, stride_dod, HEAD_DIM, TMA), ELEM, UPCAST)
         dv = dot_acc(mma_operand(p_t, ELEM, UPCAST), do, dv, DOT_PRECISION)
         delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
@@ -132,7 +129,7 @@ def bwd_kv_kernel(
     """One key block's dK and dV. ATOMIC_DQ=False: the deterministic schedule's first pass (DQ and
     its strides are unused, None). ATOMIC_DQ=True: the fused schedule, which also adds the block's
     dQ share into the zeroed float32 buffer DQ. Masks as fwd_kernel's, DOC_RANGE per key block
-    (the query range of its documents)."""
+    (the query range of its documents and its own document's run)."""
     pid_n = tl.program_id(0)  # grid (key blocks, kv heads, batch)
     if REVERSE:
         pid_n = tl.num_programs(0) - 1 - pid_n
@@ -156,14 +153,9 @@ def bwd_kv_kernel(
 
     doc_base = DOC
     doc_k = offs_n
-    doc_lo = 0
-    doc_hi = 0
     if DOCS:
         doc_base = DOC + b * stride_docb
-        doc_lo = tl.load(doc_base + start_n)
-        doc_k = doc_ids(doc_base, offs_n, seqlen_k, doc_lo)
-        doc_lo = tl.min(doc_k, 0)
-        doc_hi = tl.max(doc_k, 0)
+        doc_k = doc_ids(doc_base, offs_n, seqlen_k)
     if WINDOW:  # query rows r see keys [r + offset − left, r + offset + right]: key j is seen by rows [j − offset − right, j − offset + left]
         lo, full_lo, full_hi, hi = tile_range(start_n, BLOCK_N, BLOCK_M, seqlen_q, -offset, win_right, win_left)
     elif CAUSAL:
@@ -177,9 +169,10 @@ def bwd_kv_kernel(
         full_lo = 0
         full_hi = seqlen_q
         hi = seqlen_q
+    pure_lo = full_lo
+    pure_hi = full_hi
     if DOCS:  # only the query blocks of this block's documents
-        rng = DOC_RANGE + (b * tl.num_programs(0) + pid_n) * 2
-        lo, full_lo, full_hi, hi = clip_range(lo, full_lo, full_hi, hi, tl.load(rng), tl.load(rng + 1))
+        lo, full_lo, pure_lo, pure_hi, full_hi, hi = doc_range(DOC_RANGE, b * tl.num_programs(0) + pid_n, lo, full_lo, full_hi, hi)
     # dK, dV sum over the query heads that share this kv head. This loop is never software-pipelined
     # (num_stages=1): at seqlen_q == 1, which Triton compiles as a constant, the one-trip query
     # loops fold away and leave it innermost, and the pipeliner cannot predicate the TMA
@@ -201,22 +194,39 @@ def bwd_kv_kernel(
             dk, dv, k, v, q_src, do_src, LSE + row_base, DELTA + row_base, dq_base,
             stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
             offs_n, offs_m0, offs_d, lo, full_lo, seqlen_q, seqlen_k, offset, qk_scale, softmax_scale,
-            win_left, win_right, doc_base, doc_k, doc_lo, doc_hi, TILES,
+            win_left, win_right, doc_base, doc_k, TILES,
             HEAD_DIM, BLOCK_M, True, ATOMIC_DQ, CAUSAL, WINDOW, DOCS, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA, TMA_DQ,
         )
+        # with documents, the document mask only outside the run of this block's own document
+        if DOCS:
+            dk, dv = _bwd_kv_inner(
+                dk, dv, k, v, q_src, do_src, LSE + row_base, DELTA + row_base, dq_base,
+                stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
+                offs_n, offs_m0, offs_d, full_lo, pure_lo, seqlen_q, seqlen_k, offset, qk_scale, softmax_scale,
+                win_left, win_right, doc_base, doc_k, TILES,
+                HEAD_DIM, BLOCK_M, False, ATOMIC_DQ, CAUSAL, WINDOW, True, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA, TMA_DQ,
+            )
         dk, dv = _bwd_kv_inner(
             dk, dv, k, v, q_src, do_src, LSE + row_base, DELTA + row_base, dq_base,
             stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
-            offs_n, offs_m0, offs_d, full_lo, full_hi, seqlen_q, seqlen_k, offset, qk_scale, softmax_scale,
-            win_left, win_right, doc_base, doc_k, doc_lo, doc_hi, TILES,
-            HEAD_DIM, BLOCK_M, False, ATOMIC_DQ, CAUSAL, WINDOW, DOCS, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA, TMA_DQ,
+            offs_n, offs_m0, offs_d, pure_lo, pure_hi, seqlen_q, seqlen_k, offset, qk_scale, softmax_scale,
+            win_left, win_right, doc_base, doc_k, TILES,
+            HEAD_DIM, BLOCK_M, False, ATOMIC_DQ, CAUSAL, WINDOW, False, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA, TMA_DQ,
         )
+        if DOCS:
+            dk, dv = _bwd_kv_inner(
+                dk, dv, k, v, q_src, do_src, LSE + row_base, DELTA + row_base, dq_base,
+                stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
+                offs_n, offs_m0, offs_d, pure_hi, full_hi, seqlen_q, seqlen_k, offset, qk_scale, softmax_scale,
+                win_left, win_right, doc_base, doc_k, TILES,
+                HEAD_DIM, BLOCK_M, False, ATOMIC_DQ, CAUSAL, WINDOW, True, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA, TMA_DQ,
+            )
         if WINDOW:
             dk, dv = _bwd_kv_inner(
                 dk, dv, k, v, q_src, do_src, LSE + row_base, DELTA + row_base, dq_base,
                 stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
                 offs_n, offs_m0, offs_d, full_hi, hi, seqlen_q, seqlen_k, offset, qk_scale, softmax_scale,
-                win_left, win_right, doc_base, doc_k, doc_lo, doc_hi, TILES,
+                win_left, win_right, doc_base, doc_k, TILES,
                 HEAD_DIM, BLOCK_M, True, ATOMIC_DQ, CAUSAL, WINDOW, DOCS, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA, TMA_DQ,
             )
     dk = dk * softmax_scale
@@ -230,7 +240,7 @@ def bwd_kv_kernel(
 def _bwd_dq_inner(
     dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
     offs_m, offs_n0, offs_d, lo, hi, seqlen_k, offset, qk_scale,
-    win_left, win_right, doc_base, doc_q, doc_lo, doc_hi, TILES,
+    win_left, win_right, doc_base, doc_q, TILES,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
     WINDOW: tl.constexpr, DOCS: tl.constexpr, COUNT_TILES: tl.constexpr,
     ELEM: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
@@ -247,9 +257,7 @@ def _bwd_dq_inner(
             keep = positions_visible(offs_m[:, None], cols[None, :], seqlen_k, offset, win_left, win_right, CAUSAL, WINDOW)
             p = tl.where(keep, p, 0.0)
         if DOCS:
-            doc_k = doc_ids(doc_base, cols, seqlen_k, doc_lo)
-            if doc_tile_mixed(doc_lo, doc_hi, doc_k):
-                p = tl.where(doc_q[:, None] == doc_k[None, :], p, 0.0)
+            p = tl.where(doc_q[:, None] == doc_ids(doc_base, cols, seqlen_k)[None, :], p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
         dq = dot_acc(mma_operand(ds, ELEM, UPCAST), k, dq, DOT_PRECISION)
@@ -305,40 +313,50 @@ def bwd_dq_kernel(
 
     doc_base = DOC
     doc_q = offs_m
-    doc_lo = 0
-    doc_hi = 0
     if DOCS:
         doc_base = DOC + b * stride_docb
-        doc_lo = tl.load(doc_base + start_m)
-        doc_q = doc_ids(doc_base, offs_m, seqlen_q, doc_lo)
-        doc_lo = tl.min(doc_q, 0)
-        doc_hi = tl.max(doc_q, 0)
+        doc_q = doc_ids(doc_base, offs_m, seqlen_q)
     if WINDOW:
         lo, full_lo, full_end, hi = tile_range(start_m, BLOCK_M, BLOCK_N, seqlen_k, offset, win_left, win_right)
     else:
         full_end, hi = causal_bounds(start_m, BLOCK_M, BLOCK_N, seqlen_k, offset, CAUSAL)
         lo = 0
         full_lo = 0
+    pure_lo = full_lo
+    pure_hi = full_end
     if DOCS:
-        rng = DOC_RANGE + (b * tl.num_programs(0) + pid_m) * 2
-        lo, full_lo, full_end, hi = clip_range(lo, full_lo, full_end, hi, tl.load(rng), tl.load(rng + 1))
+        lo, full_lo, pure_lo, pure_hi, full_end, hi = doc_range(DOC_RANGE, b * tl.num_programs(0) + pid_m, lo, full_lo, full_end, hi)
     if WINDOW:
         dq = _bwd_dq_inner(
             dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
             offs_m, offs_n0, offs_d, lo, full_lo, seqlen_k, offset, qk_scale,
-            win_left, win_right, doc_base, doc_q, doc_lo, doc_hi, TILES,
+            win_left, win_right, doc_base, doc_q, TILES,
             HEAD_DIM, BLOCK_N, True, CAUSAL, WINDOW, DOCS, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA,
+        )
+    if DOCS:  # the document mask only outside the run of this block's own document
+        dq = _bwd_dq_inner(
+            dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+            offs_m, offs_n0, offs_d, full_lo, pure_lo, seqlen_k, offset, qk_scale,
+            win_left, win_right, doc_base, doc_q, TILES,
+            HEAD_DIM, BLOCK_N, False, CAUSAL, WINDOW, True, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA,
         )
     dq = _bwd_dq_inner(
         dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_m, offs_n0, offs_d, full_lo, full_end, seqlen_k, offset, qk_scale,
-        win_left, win_right, doc_base, doc_q, doc_lo, doc_hi, TILES,
-        HEAD_DIM, BLOCK_N, False, CAUSAL, WINDOW, DOCS, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA,
+        offs_m, offs_n0, offs_d, pure_lo, pure_hi, seqlen_k, offset, qk_scale,
+        win_left, win_right, doc_base, doc_q, TILES,
+        HEAD_DIM, BLOCK_N, False, CAUSAL, WINDOW, False, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA,
     )
+    if DOCS:
+        dq = _bwd_dq_inner(
+            dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+            offs_m, offs_n0, offs_d, pure_hi, full_end, seqlen_k, offset, qk_scale,
+            win_left, win_right, doc_base, doc_q, TILES,
+            HEAD_DIM, BLOCK_N, False, CAUSAL, WINDOW, True, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA,
+        )
     dq = _bwd_dq_inner(
         dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, offs_n0, offs_d, full_end, hi, seqlen_k, offset, qk_scale,
-        win_left, win_right, doc_base, doc_q, doc_lo, doc_hi, TILES,
+        win_left, win_right, doc_base, doc_q, TILES,
         HEAD_DIM, BLOCK_N, True, CAUSAL, WINDOW, DOCS, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA,
     )
     dq = dq * softmax_scale

@@ -25,9 +25,8 @@ import triton.language as tl
 
 from kernels.flash_attn.tiles import (
     causal_bounds,
-    clip_range,
     doc_ids,
-    doc_tile_mixed,
+    doc_range,
     load_rows,
     mma_operand,
     positions_visible,
@@ -40,14 +39,13 @@ from kernels.flash_attn.tiles import (
 def _fwd_inner(
     acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
     offs_m, offs_n, offs_d, lo, hi, seqlen_k, offset, qk_scale,
-    win_left, win_right, doc_base, doc_q, doc_lo, doc_hi, TILES,
+    win_left, win_right, doc_base, doc_q, TILES,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
     WINDOW: tl.constexpr, DOCS: tl.constexpr, COUNT_TILES: tl.constexpr,
     ELEM: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
     """The online-softmax update above, over the key blocks [lo, hi). MASKED: apply the
-    positional mask (the blocks of the head and tail); DOCS: the document mask where a tile
-    mixes documents."""
+    positional mask (the blocks of the head and tail); DOCS: the document mask."""
     for start_n in range(lo, hi, BLOCK_N):
         if COUNT_TILES:
             tl.atomic_add(TILES, 1)
@@ -58,9 +56,7 @@ def _fwd_inner(
             keep = positions_visible(offs_m[:, None], cols[None, :], seqlen_k, offset, win_left, win_right, CAUSAL, WINDOW)
             s = tl.where(keep, s, float("-inf"))
         if DOCS:
-            doc_k = doc_ids(doc_base, cols, seqlen_k, doc_lo)
-            if doc_tile_mixed(doc_lo, doc_hi, doc_k):
-                s = tl.where(doc_q[:, None] == doc_k[None, :], s, float("-inf"))
+            s = tl.where(doc_q[:, None] == doc_ids(doc_base, cols, seqlen_k)[None, :], s, float("-inf"))
         # m is kept in base-2 units: e^{scale·s} = exp2(log2(e)·scale·s), so p is one FMA + exp2
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
         m_sub = m_new
@@ -91,8 +87,8 @@ def fwd_kernel(
     REVERSE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
     """One query block's output rows and LSE. Masks: WINDOW (win_left/win_right, causal folded
-    in), DOCS (DOC: int32 ids (batch, seqlen); DOC_RANGE: int32 (batch, query blocks, 2), the key
-    range of each block's documents); TILES: a counter of visited key blocks (tests), if COUNT_TILES."""
+    in), DOCS (DOC: int32 ids (batch, seqlen); DOC_RANGE: int32 (batch, query blocks, 4), the key
+    range of each block's documents and its own document's run); TILES: a counter of visited key blocks (tests), if COUNT_TILES."""
     # grid (query blocks, heads, batch): the blocks of one head run together, so its K/V stay in L2
     pid_m = tl.program_id(0)
     if REVERSE:  # causal: the last query blocks see the most keys; launching them first shortens the tail
@@ -120,43 +116,54 @@ def fwd_kernel(
 
     doc_base = DOC
     doc_q = offs_m
-    doc_lo = 0
-    doc_hi = 0
     if DOCS:
         doc_base = DOC + b * stride_docb
-        doc_lo = tl.load(doc_base + start_m)
-        doc_q = doc_ids(doc_base, offs_m, seqlen_q, doc_lo)
-        doc_lo = tl.min(doc_q, 0)
-        doc_hi = tl.max(doc_q, 0)
+        doc_q = doc_ids(doc_base, offs_m, seqlen_q)
     if WINDOW:
         lo, full_lo, full_end, hi = tile_range(start_m, BLOCK_M, BLOCK_N, seqlen_k, offset, win_left, win_right)
     else:
         full_end, hi = causal_bounds(start_m, BLOCK_M, BLOCK_N, seqlen_k, offset, CAUSAL)
         lo = 0
         full_lo = 0
+    pure_lo = full_lo
+    pure_hi = full_end
     if DOCS:  # only the key blocks of this block's documents
-        rng = DOC_RANGE + (b * tl.num_programs(0) + pid_m) * 2
-        lo, full_lo, full_end, hi = clip_range(lo, full_lo, full_end, hi, tl.load(rng), tl.load(rng + 1))
+        lo, full_lo, pure_lo, pure_hi, full_end, hi = doc_range(DOC_RANGE, b * tl.num_programs(0) + pid_m, lo, full_lo, full_end, hi)
     if WINDOW:
         # the window's head: key blocks left of those every row sees
         acc, l_i, m_i = _fwd_inner(
             acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
             offs_m, offs_n, offs_d, lo, full_lo, seqlen_k, offset, qk_scale,
-            win_left, win_right, doc_base, doc_q, doc_lo, doc_hi, TILES,
+            win_left, win_right, doc_base, doc_q, TILES,
             HEAD_DIM, BLOCK_N, True, CAUSAL, WINDOW, DOCS, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA,
         )
-    # key blocks every row sees in full: no positional mask arithmetic at all
+    # key blocks every row sees in full: no positional mask arithmetic at all; with documents the
+    # document mask only outside the run of tiles of the block's own document, [pure_lo, pure_hi)
+    if DOCS:
+        acc, l_i, m_i = _fwd_inner(
+            acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+            offs_m, offs_n, offs_d, full_lo, pure_lo, seqlen_k, offset, qk_scale,
+            win_left, win_right, doc_base, doc_q, TILES,
+            HEAD_DIM, BLOCK_N, False, CAUSAL, WINDOW, True, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA,
+        )
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_m, offs_n, offs_d, full_lo, full_end, seqlen_k, offset, qk_scale,
-        win_left, win_right, doc_base, doc_q, doc_lo, doc_hi, TILES,
-        HEAD_DIM, BLOCK_N, False, CAUSAL, WINDOW, DOCS, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA,
+        offs_m, offs_n, offs_d, pure_lo, pure_hi, seqlen_k, offset, qk_scale,
+        win_left, win_right, doc_base, doc_q, TILES,
+        HEAD_DIM, BLOCK_N, False, CAUSAL, WINDOW, False, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA,
     )
+    if DOCS:
+        acc, l_i, m_i = _fwd_inner(
+            acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+            offs_m, offs_n, offs_d, pure_hi, full_end, seqlen_k, offset, qk_scale,
+            win_left, win_right, doc_base, doc_q, TILES,
+            HEAD_DIM, BLOCK_N, False, CAUSAL, WINDOW, True, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA,
+        )
     # the diagonal blocks (causal; the window's tail) and the ragged last block; blocks beyond are skipped
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, offs_n, offs_d, full_end, hi, seqlen_k, offset, qk_scale,
-        win_left, win_right, doc_base, doc_q, doc_lo, doc_hi, TILES,
+        win_left, win_right, doc_base, doc_q, TILES,
         HEAD_DIM, BLOCK_N, True, CAUSAL, WINDOW, DOCS, COUNT_TILES, ELEM, UPCAST, DOT_PRECISION, TMA,
     )
 

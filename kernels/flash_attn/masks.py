@@ -10,15 +10,65 @@ every position), so the kernels' arithmetic has no special cases.
 Documents: for each program's block the kernels need the positions of the tiles its documents can
 reach. From per-tile min/max of the ids, a tile pair can hold a visible element only if the two
 [min, max] ranges overlap; `document_ranges` gives each block its first and last such tile, and the
-program loops over that range only. For packed sequences (each document one run of positions) every
-tile inside the range overlaps; ids that come back to an earlier document are still exact, their
-interior tiles computed under the mask.
+program loops over that range only. Inside it, the tiles of the block's own document (block and tile
+each all one id, the same) need no document mask: `document_ranges` also gives the first run of
+such tiles, which the kernels loop over without loading a single id. For packed sequences (each
+document one run of positions) that run is the document's interior; ids that come back to an
+earlier document are still exact, the tiles outside the run computed under the mask.
+
+The ranges are a dozen small torch ops, whose host time (~0.4 ms on the H200 machine) was more than
+the kernels' own time for short documents; a training step hands the same ids to every layer's
+attention, three launches each, so `resolve` keeps them per ids tensor (`documents_of`).
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
+import threading
 
 import torch
+
+
+@dataclasses.dataclass(eq=False)
+class Documents:
+    """Document ids as the kernels read them (int32, contiguous) and their tile ranges, each tile
+    shape's computed once (the forward and the two backward passes each have their own)."""
+
+    ids: torch.Tensor
+    _ranges: dict[tuple[int, int], torch.Tensor] = dataclasses.field(default_factory=dict)
+
+    def ranges(self, block_own: int, block_other: int) -> torch.Tensor:
+        key = (block_own, block_other)
+        if key not in self._ranges:
+            self._ranges[key] = document_ranges(self.ids, block_own, block_other)
+        return self._ranges[key]
+
+
+# the last few ids tensors seen, by memory, layout and version counter (see documents_of)
+_RECENT: collections.OrderedDict[tuple, tuple[torch.Tensor, Documents]] = collections.OrderedDict()
+_RECENT_KEPT = 8
+_RECENT_LOCK = threading.Lock()  # the backward's launches run on autograd's thread
+
+
+def documents_of(document_ids: torch.Tensor) -> Documents:
+    """The kernels' form of `document_ids`, shared by every call with the same tensor: keyed by its
+    memory, dtype, shape, strides and version counter (which every in-place write through PyTorch
+    bumps), holding the tensor itself so its memory cannot pass to another tensor while kept."""
+    if document_ids.is_inference():  # inference tensors keep no version counter: convert afresh
+        return Documents(document_ids.to(torch.int32).contiguous())
+    key = (document_ids.data_ptr(), document_ids.device, document_ids.dtype, tuple(document_ids.shape),
+           document_ids.stride(), document_ids._version)
+    with _RECENT_LOCK:
+        kept = _RECENT.get(key)
+        if kept is not None:
+            _RECENT.move_to_end(key)
+            return kept[1]
+    docs = Documents(document_ids.to(torch.int32).contiguous())
+    with _RECENT_LOCK:
+        _RECENT[key] = (document_ids, docs)
+        while len(_RECENT) > _RECENT_KEPT:
+            _RECENT.popitem(last=False)
+    return docs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,17 +80,17 @@ class KernelMask:
     window: bool
     left: int
     right: int
-    document_ids: torch.Tensor | None
+    documents: Documents | None
 
     def kernel_args(self, block_own: int, block_other: int, tile_counter: torch.Tensor | None = None) -> dict:
         """Keyword arguments of a kernel whose programs own blocks of `block_own` positions (queries
         for the forward and dQ kernels, keys for the dK/dV kernel) and stream tiles of `block_other`."""
-        ids = self.document_ids
+        docs = self.documents
         return dict(
             win_left=self.left, win_right=self.right,
-            DOC=ids, stride_docb=ids.stride(0) if ids is not None else 0,
-            DOC_RANGE=document_ranges(ids, block_own, block_other) if ids is not None else None,
-            TILES=tile_counter, CAUSAL=self.causal, WINDOW=self.window, DOCS=ids is not None,
+            DOC=docs.ids if docs else None, stride_docb=docs.ids.stride(0) if docs else 0,
+            DOC_RANGE=docs.ranges(block_own, block_other) if docs else None,
+            TILES=tile_counter, CAUSAL=self.causal, WINDOW=self.window, DOCS=docs is not None,
             COUNT_TILES=tile_counter is not None,
         )
 
@@ -57,11 +107,11 @@ def resolve(causal: bool, window_size: tuple[int, int], document_ids: torch.Tens
         left = -1
     if right >= seqlen_q - 1:
         right = -1
-    ids = document_ids.to(torch.int32).contiguous() if document_ids is not None else None
+    docs = documents_of(document_ids) if document_ids is not None else None
     if left == -1 and right in (-1, 0):
-        return KernelMask(right == 0, False, 0, 0, ids)
+        return KernelMask(right == 0, False, 0, 0, docs)
     unlimited = seqlen_q + seqlen_k  # past every position, and small enough for int32 index arithmetic
-    return KernelMask(False, True, left if left >= 0 else unlimited, right if right >= 0 else unlimited, ids)
+    return KernelMask(False, True, left if left >= 0 else unlimited, right if right >= 0 else unlimited, docs)
 
 
 def _tile_min_max(ids: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,9 +124,11 @@ def _tile_min_max(ids: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Te
 
 
 def document_ranges(ids: torch.Tensor, block_own: int, block_other: int) -> torch.Tensor:
-    """int32 (batch, own blocks, 2): for each block of `block_own` positions, the positions [lo, hi)
-    from its first to its last tile of `block_other` positions whose ids' [min, max] overlaps its own.
-    Every block overlaps the tile holding its own positions, so the range is never empty."""
+    """int32 (batch, own blocks, 4): for each block of `block_own` positions, [lo, hi) from its first
+    to its last tile of `block_other` positions whose ids' [min, max] overlaps its own, then
+    [pure_lo, pure_hi): the first run of tiles all of the block's own single document (empty, 0 0,
+    when the block mixes documents). Every block overlaps the tile holding its own positions, so
+    [lo, hi) is never empty."""
     seqlen = ids.shape[1]
     own_min, own_max = _tile_min_max(ids, block_own)
     other_min, other_max = _tile_min_max(ids, block_other)
@@ -84,6 +136,14 @@ def document_ranges(ids: torch.Tensor, block_own: int, block_other: int) -> torc
     overlap = overlap.to(torch.int8)  # (batch, own blocks, other tiles); argmax gives the first maximum
     first = overlap.argmax(-1)
     last = overlap.shape[-1] - 1 - overlap.flip(-1).argmax(-1)
+    pure = (other_min == other_max)[:, None, :] & (other_min[:, None, :] == own_min[:, :, None]) & (own_min == own_max)[:, :, None]
+    pure_first = pure.to(torch.int8).argmax(-1)
+    tile = torch.arange(pure.shape[-1], device=ids.device)
+    ends = (~pure & (tile > pure_first[..., None])).to(torch.int8)  # tiles after the run's start that leave it
+    pure_end = torch.where(ends.any(-1), ends.argmax(-1), pure.shape[-1])
+    has_pure = pure.any(-1)
+    pure_lo = torch.where(has_pure, pure_first * block_other, 0)
+    pure_hi = torch.where(has_pure, pure_end * block_other, 0).clamp(max=seqlen)
     lo = first * block_other
     hi = ((last + 1) * block_other).clamp(max=seqlen)
-    return torch.stack([lo, hi], -1).to(torch.int32).contiguous()
+    return torch.stack([lo, hi, pure_lo, pure_hi], -1).to(torch.int32).contiguous()

@@ -95,8 +95,8 @@ def load_rows(src, start, offs_r, offs_d, seqlen, stride_n, stride_d, HEAD_DIM: 
 #   DOCS:    doc[i] == doc[j]
 # Positional masks are bands, so a program's visible tiles form a range with a fully visible
 # middle: tile_range gives the bounds. Documents narrow that range further (launch.py derives each
-# block's first and last overlapping tile from per-tile min/max of the ids); inside it a tile gets
-# the document mask only where its ids are not all one document (doc_tile_mixed).
+# block's first and last overlapping tile from per-tile min/max of the ids); inside it, the run of
+# tiles that are all the block's own document gets no document mask (doc_range).
 # ----------------------------------------------------------------------------------------------
 
 
@@ -143,14 +143,21 @@ def positions_visible(q_idx, k_idx, seqlen_k, offset, win_left, win_right, CAUSA
 
 
 @triton.jit
-def doc_ids(doc_base, idx, seqlen, fill):
-    """Document ids at positions idx, `fill` past seqlen (a value that leaves the tile's min/max
-    as they are; those positions are masked by position anyway)."""
-    return tl.load(doc_base + idx, mask=idx < seqlen, other=fill)
+def doc_ids(doc_base, idx, seqlen):
+    """Document ids at positions idx (0 past seqlen: such positions are masked by position or
+    carry P = 0 already, and their rows and columns are never stored)."""
+    return tl.load(doc_base + idx, mask=idx < seqlen, other=0)
 
 
 @triton.jit
-def doc_tile_mixed(own_lo, own_hi, other):
-    """Whether a tile mixes documents: the program's own ids span [own_lo, own_hi], the streamed
-    tile's ids are `other`. A tile of one document on both sides needs no document mask."""
-    return (own_lo != own_hi) | (tl.min(other, 0) != own_lo) | (tl.max(other, 0) != own_lo)
+def doc_range(DOC_RANGE, block, lo, full_lo, full_hi, hi):
+    """A block's document range (masks.document_ranges: int32 [lo, hi, pure_lo, pure_hi] per
+    block) applied to tile_range's bounds: [lo, hi) clipped to the tiles its documents reach, and
+    the fully visible middle cut around the run of tiles that are all its own document. Returns
+    lo, full_lo, pure_lo, pure_hi, full_hi, hi in order: the tiles of [full_lo, pure_lo) and
+    [pure_hi, full_hi) need the document mask only, those of [pure_lo, pure_hi) no mask at all."""
+    rng = DOC_RANGE + block * 4
+    lo, full_lo, full_hi, hi = clip_range(lo, full_lo, full_hi, hi, tl.load(rng), tl.load(rng + 1))
+    pure_lo = tl.minimum(tl.maximum(tl.load(rng + 2), full_lo), full_hi)
+    pure_hi = tl.minimum(tl.maximum(tl.load(rng + 3), pure_lo), full_hi)
+    return lo, full_lo, pure_lo, pure_hi, full_hi, hi

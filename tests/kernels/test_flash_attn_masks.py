@@ -162,10 +162,30 @@ def test_tiles_visited_at_rectangular_tiles():
 def test_document_ranges_from_tile_min_max():
     ids = doc_ids(100, 3, 200, 17, 192)[None]  # boundaries at 100, 103, 303, 320
     ranges = document_ranges(ids, 64, 64)[0].tolist()
-    # query block 1 (rows 64..127) holds documents 0, 1, 2: keys 0..302, i.e. tiles 0..4
-    assert ranges[1] == [0, 320]
-    assert ranges[7] == [320, 512]  # block 7 lies inside the last document, which starts at 320
-    assert document_ranges(ids, 32, 128)[0, 0].tolist() == [0, 128]
+    # query block 1 (rows 64..127) holds documents 0, 1, 2: keys 0..302, i.e. tiles 0..4; it mixes
+    # documents, so no tile is all its own document (empty run, 0 0)
+    assert ranges[1] == [0, 320, 0, 0]
+    # block 2 (rows 128..191) lies inside document 2 (103..302): tiles 1..4 reach it, tiles 2 and 3
+    # are all document 2 (tile 4 holds document 3's start)
+    assert ranges[2] == [64, 320, 128, 256]
+    assert ranges[7] == [320, 512, 320, 512]  # block 7 lies inside the last document, which starts at 320
+    assert document_ranges(ids, 32, 128)[0, 0].tolist() == [0, 128, 0, 0]  # tile 0 holds documents 0 and 1
+    # ids that come back to an earlier document: the run is the first one only
+    back = torch.tensor([[5] * 64 + [6] * 64 + [5] * 128])
+    assert document_ranges(back, 64, 64)[0, 0].tolist() == [0, 256, 0, 64]
+
+
+def test_documents_kept_per_ids_tensor():
+    ids = doc_ids(30, 34)[None]
+    first = resolve(True, (-1, -1), ids, 64, 64).documents
+    assert resolve(True, (-1, -1), ids, 64, 64).documents is first  # the same tensor: converted and ranged once
+    assert first.ranges(64, 64) is first.ranges(64, 64)
+    ids[0, 40] = 0  # an in-place write bumps the version counter: computed afresh
+    assert resolve(True, (-1, -1), ids, 64, 64).documents is not first
+    assert resolve(True, (-1, -1), ids.clone(), 64, 64).documents is not first
+    with torch.inference_mode():
+        frozen = doc_ids(30, 34)[None]
+    assert resolve(True, (-1, -1), frozen, 64, 64).documents.ids.dtype == torch.int32
 
 
 def test_resolve_brings_masks_to_their_cheapest_form():
