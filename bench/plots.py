@@ -164,8 +164,8 @@ def _plot_losses(ax, rows: list[dict[str, Any]], colors: dict, label: dict, seql
 
 
 def plot_long_context(rows: list[dict[str, Any]], path: Path, gpu_memory_gib: float | None = None) -> Path:
-    """Peak memory and tokens/s vs seq_len (log-log), one line per attention × checkpointing (solid:
-    none, dashed: blocks); an x on the bottom edge marks the first seq_len that ran out of memory,
+    """Peak memory and tokens/s vs seq_len (log-log), one line per attention × checkpointing (solid
+    with circles: none, dashed with squares: blocks, so a line of one point still shows which); an x on the bottom edge marks the first seq_len that ran out of memory,
     a dotted line the GPU's memory."""
     from matplotlib.transforms import blended_transform_factory
 
@@ -178,13 +178,13 @@ def plot_long_context(rows: list[dict[str, Any]], path: Path, gpu_memory_gib: fl
     for attn, ckpt, pos in lines:
         mine = sorted((r for r in rows if (r["attention"], r["checkpointing"], r["position"]) == (attn, ckpt, pos)),
                       key=lambda r: r["seq_len"])
-        color, style = f"C{attns.index(attn) % 10}", "-" if ckpt == "none" else "--"
+        color, style, marker = f"C{attns.index(attn) % 10}", *(("-", "o") if ckpt == "none" else ("--", "s"))
         label = f"{attn}, checkpointing {ckpt}" + (f", {pos}" if len(positions) > 1 else "")
         ooms = [r["seq_len"] for r in mine if r["status"] == "oom"]
         for ax, value in zip(axes, ("peak_mem_gib", "tokens_per_s")):
             ok = [(r["seq_len"], r[value]) for r in mine if r["status"] == "ok" and r[value]]
             if ok:
-                ax.plot(*zip(*ok), marker="o", ms=4, ls=style, color=color, label=label)
+                ax.plot(*zip(*ok), marker=marker, ms=5, ls=style, color=color, label=label)
             if ooms:  # log axes have no 0: the marker sits on the bottom edge, in axes coordinates
                 edge = blended_transform_factory(ax.transData, ax.transAxes)
                 ax.plot([min(ooms)], [0.02], "x", ms=9, mew=2, color=color, transform=edge, clip_on=False,
