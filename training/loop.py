@@ -35,7 +35,7 @@ from training.context_parallel import Shard, whole_sequences
 from training.distributed import DistInfo
 from training.metrics import MetricsLogger, NoMetrics, run_name
 from training.optim import lr_at
-from training.profiling import step_profiler
+from training.profiling import TRAIN_STEP, step_profiler
 from training.progress import ANNOUNCE_ABOVE_S, StepProgress
 from training.setup import Run, setup
 from training.signals import StopNow, stop_on_signals
@@ -212,7 +212,8 @@ def _loop(run: Run, metrics: MetricsLogger | NoMetrics) -> dict[str, Any]:
                 # This process's first step is the one that compiles: say what it does while it does it.
                 first = step == run.start_step and (compiling or (estimate or 0) > ANNOUNCE_ABOVE_S)
                 progress.begin(step + 1, announce=first, note="torch.compile compiles the model in it" if compiling else "")
-                row = _step(run, step, tally, progress.phase)
+                with torch.profiler.record_function(TRAIN_STEP) if prof is not None else contextlib.nullcontext():
+                    row = _step(run, step, tally, progress.phase)  # the span profile=true measures attention against
                 progress.end()
                 # stop_at adds no evaluation: stopping and resuming logs what one straight run logs.
                 if (cfg.eval_every and tally.done % cfg.eval_every == 0) or tally.done == cfg.steps:

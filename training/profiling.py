@@ -5,8 +5,12 @@ Attention is found by operator name: our kernel's custom ops (flashgpt::flash_at
 PyTorch's SDPA family (aten::scaled_dot_product_attention and the backend ops it dispatches to,
 forward and backward). torch.compile keeps these as calls through the dispatcher, so they are
 visible in compiled runs too. Their time is GPU kernel time on CUDA (CPU time on CPU), divided by
-the wall time of the profiled steps (each step ends in a host sync, so its wall time covers its
-GPU work). `attention=naive` is plain matmuls and softmax, fused by the compiler with their
+the wall time of the profiled training steps (each ends in a host sync, so its wall time covers
+its GPU work). A training step is the span the loop marks TRAIN_STEP, not the profiler's whole
+step: that also holds the evaluation after the last step (with its compilation: 22 s in one
+long-context run, which put attention at 21% of a step it filled most of), checkpoints and logging.
+Attention operators count where they start inside a training step, whichever thread runs them
+(autograd runs the CUDA backward on a thread of its own). `attention=naive` is plain matmuls and softmax, fused by the compiler with their
 neighbours: it has no operator of its own, and its share is reported as unknown.
 """
 
@@ -29,6 +33,7 @@ log = logging.getLogger(__name__)
 PROFILE_FILE = "profile.json"
 TRACE_FILE = "trace.json"
 ACTIVE_STEPS = 3  # profiled steps, after one skipped and one warm-up step
+TRAIN_STEP = "train_step"  # record_function label of the loop's optimizer step (forward, backward, update)
 # Substrings of operator names that are attention (outermost match counted: SDPA's dispatch
 # to _scaled_dot_product_flash_attention etc. is nested inside it and not counted twice).
 ATTENTION_OPS = ("flashgpt::flash_attn", "scaled_dot_product", "_flash_attention", "_efficient_attention",
@@ -41,10 +46,18 @@ def _is_attention(name: str) -> bool:
 
 def attention_share(events: list[Any], on_gpu: bool) -> dict[str, Any]:
     """Per profiled step: wall ms, attention ms and their ratio, from a profiler's FunctionEvents."""
-    # "ProfilerStep#3" (or "ProfilerStep*"): the host's span of each step. On CUDA each step also has a
-    # GPU-side twin (a gpu_user_annotation with no CPU time), which must not count as another step.
-    steps = [e for e in events if e.name.startswith("ProfilerStep") and e.device_type == DeviceType.CPU]
+    # the host's span of each training step (TRAIN_STEP; without those marks, the profiler's
+    # "ProfilerStep#3" spans). On CUDA each span also has a GPU-side twin (a gpu_user_annotation
+    # with no CPU time), which must not count as another step.
+    steps = [e for e in events if e.name == TRAIN_STEP and e.device_type == DeviceType.CPU]
+    marked = bool(steps)
+    if not marked:
+        steps = [e for e in events if e.name.startswith("ProfilerStep") and e.device_type == DeviceType.CPU]
     step_us = sum(e.cpu_time_total for e in steps)
+    spans = [(e.time_range.start, e.time_range.end) for e in steps] if marked else []
+
+    def in_step(e: Any) -> bool:
+        return not marked or any(start <= e.time_range.start <= end for start, end in spans)
 
     def nested(e: Any) -> bool:
         parent = e.cpu_parent
@@ -56,7 +69,7 @@ def attention_share(events: list[Any], on_gpu: bool) -> dict[str, Any]:
 
     by_op: dict[str, float] = {}
     for e in events:
-        if _is_attention(e.name) and not nested(e):
+        if _is_attention(e.name) and not nested(e) and in_step(e):
             us = e.device_time_total if on_gpu else e.cpu_time_total
             by_op[e.name] = by_op.get(e.name, 0.0) + us
     n = max(1, len(steps))

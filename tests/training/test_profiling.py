@@ -9,13 +9,13 @@ import pytest
 from torch.autograd import DeviceType
 
 from training import train
-from training.profiling import attention_share
+from training.profiling import TRAIN_STEP, attention_share
 
 
-def ev(name, cpu_us=0.0, gpu_us=0.0, device=DeviceType.CPU, parent=None):
+def ev(name, cpu_us=0.0, gpu_us=0.0, device=DeviceType.CPU, parent=None, start=0.0):
     """A stand-in for torch.autograd.profiler's FunctionEvent: the fields attention_share reads."""
     return SimpleNamespace(name=name, cpu_time_total=cpu_us, device_time_total=gpu_us, device_type=device,
-                           cpu_parent=parent)
+                           cpu_parent=parent, time_range=SimpleNamespace(start=start, end=start + cpu_us))
 
 
 def test_attention_share_counts_each_step_once_on_cuda():
@@ -48,6 +48,24 @@ def test_attention_share_on_cpu_uses_cpu_time_and_counts_nested_ops_once():
                                                          "aten::_scaled_dot_product_flash_attention_backward": 1.5})
 
 
+def test_attention_share_counts_training_steps_only():
+    """The profiler's steps also hold what the loop does after a training step: here the last one
+    runs the evaluation (2.5 s with its compilation, as at 64K tokens on the H200, where it put
+    attention at 21% of the step). Only the marked training steps count, and attention inside
+    them, also from the backward's thread (no parent, inside the span by time)."""
+    profiler_steps = [ev(f"ProfilerStep#{i}", cpu_us=100_000, start=i * 1e6) for i in (2, 3)]
+    profiler_steps.append(ev("ProfilerStep#4", cpu_us=2_600_000, start=4e6))
+    train = [ev(TRAIN_STEP, cpu_us=90_000, start=i * 1e6 + 10) for i in (2, 3, 4)]
+    twins = [ev(TRAIN_STEP, gpu_us=89_000, device=DeviceType.CUDA, start=i * 1e6 + 10) for i in (2, 3, 4)]
+    fwd = [ev("flashgpt::flash_attn_fwd", cpu_us=50, gpu_us=20_000, parent=t, start=t.time_range.start + 100) for t in train]
+    bwd = [ev("flashgpt::flash_attn_bwd", cpu_us=60, gpu_us=40_000, start=t.time_range.start + 50_000) for t in train]
+    evaluation = ev("flashgpt::flash_attn_fwd", cpu_us=50, gpu_us=20_000, start=4e6 + 200_000)  # after step 4's span
+    report = attention_share([*profiler_steps, *train, *twins, *fwd, *bwd, evaluation], on_gpu=True)
+    assert report["steps_profiled"] == 3 and report["step_ms"] == pytest.approx(90.0)
+    assert report["attention_ms"] == pytest.approx(60.0)
+    assert report["attention_share"] == pytest.approx(60 / 90)
+
+
 def test_no_attention_operator_means_an_unknown_share_not_zero():
     steps = [ev("ProfilerStep#2", cpu_us=5_000)]
     report = attention_share([*steps, ev("aten::mm", cpu_us=2_000, parent=steps[0]), ev("aten::softmax", cpu_us=500)],
@@ -61,7 +79,8 @@ def test_no_attention_operator_means_an_unknown_share_not_zero():
 def test_profile_writes_a_trace_and_the_attention_share(tiny_cfg, pattern_data, attention, op):
     cfg = tiny_cfg(f"attention={attention}", "profile=true")
     summary = train(cfg)
-    assert json.loads((Path(cfg.out_dir) / "trace.json").read_text())["traceEvents"]
+    trace = json.loads((Path(cfg.out_dir) / "trace.json").read_text())["traceEvents"]
+    assert sum(e.get("name") == TRAIN_STEP for e in trace) == 3  # the spans the share is measured against
     report = json.loads((Path(cfg.out_dir) / "profile.json").read_text())
     assert report["steps_profiled"] == 3
     # forward and backward both counted, each once (SDPA's inner backend op is nested, not added)
