@@ -86,11 +86,12 @@ class KernelMask:
         """Keyword arguments of a kernel whose programs own blocks of `block_own` positions (queries
         for the forward and dQ kernels, keys for the dK/dV kernel) and stream tiles of `block_other`."""
         docs = self.documents
+        has_docs = docs is not None
         return dict(
             win_left=self.left, win_right=self.right,
-            DOC=docs.ids if docs else None, stride_docb=docs.ids.stride(0) if docs else 0,
-            DOC_RANGE=docs.ranges(block_own, block_other) if docs else None,
-            TILES=tile_counter, CAUSAL=self.causal, WINDOW=self.window, DOCS=docs is not None,
+            DOC=docs.ids if has_docs else None, stride_docb=docs.ids.stride(0) if has_docs else 0,
+            DOC_RANGE=docs.ranges(block_own, block_other) if has_docs else None,
+            TILES=tile_counter, CAUSAL=self.causal, WINDOW=self.window, DOCS=has_docs,
             COUNT_TILES=tile_counter is not None,
         )
 
