@@ -29,9 +29,17 @@ AttnFn = Callable[[Tensor, Tensor, Tensor, bool], Tensor]
 SDPA_PINNED = {"sdpa_cudnn": "cudnn", "sdpa_flash": "flash", "sdpa_efficient": "efficient", "sdpa_math": "math"}
 IMPL_NAMES = ("naive", "flash", "flash_two_pass", "flash_fused", "sdpa", *SDPA_PINNED, "flex")
 
-# How many compiled FlexAttention variants (one per shape: compiled with dynamic=False, as
-# FlexAttention is normally benchmarked) dynamo may keep before it silently falls back to eager.
-FLEX_RECOMPILE_LIMIT = 256
+# How many compiled variants of one function (one per shape and mask: compiled with dynamic=False,
+# as FlexAttention is normally benchmarked) dynamo may keep before it silently falls back to eager.
+RECOMPILE_LIMIT = 256
+
+
+def allow_recompiles() -> None:
+    """Raise dynamo's per-function recompile limit (8 by default) to RECOMPILE_LIMIT: a sweep
+    compiles one function at many shapes and masks, and past the limit it would run eagerly."""
+    dynamo_config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    setattr(dynamo_config, name, max(getattr(dynamo_config, name), RECOMPILE_LIMIT))
 
 
 @functools.cache
@@ -40,9 +48,7 @@ def compiled_flex() -> Callable[..., Tensor]:
     scores), one compiled function for every caller, with room for a variant per shape and mask."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    dynamo_config = torch._dynamo.config
-    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
-    setattr(dynamo_config, name, max(getattr(dynamo_config, name), FLEX_RECOMPILE_LIMIT))
+    allow_recompiles()
     return torch.compile(flex_attention, dynamic=False)
 
 

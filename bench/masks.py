@@ -7,6 +7,10 @@ Masks (all causal, as the trainer uses them):
                   packs them (data.document_mask: ids from the <|endoftext|> boundaries)
     docs_8        8 equal documents per row
     window_W      a causal sliding window of W tokens (attention.window=W: itself and W − 1 back)
+Implementations: flash (ours, called eagerly, as the dense sweep calls every impl), flash_compiled
+(ours inside torch.compile, as train.py runs it and as Flex runs here: our ops stay opaque to the
+compiler, so compiling removes only the Python around them, the input checks and autograd's
+custom-op layer, whose host time the eager rows pay at short sequences), flex, sdpa.
 TFLOP/s count the visible pairs only (kernels.flops); speedup_vs_causal is the impl's own causal
 fwd+bwd time over this mask's. max_abs_diff: the output's largest difference from ours (flash),
 a check that the peers compute the same mask.
@@ -21,14 +25,14 @@ import torch
 from torch import Tensor
 
 from bench.failures import run_guarded
-from bench.impls import compiled_flex
+from bench.impls import allow_recompiles, compiled_flex
 from bench.inputs import random_inputs
 from bench.results import rounded
 from bench.timing import bench_ms, release_memory
 from kernels.flops import attention_flops
 from model.attention import get_attention, window_size
 
-MASK_IMPLS = ("flash", "flex", "sdpa")
+MASK_IMPLS = ("flash", "flash_compiled", "flex", "sdpa")
 DEFAULT_MASKS = ("causal", "docs_corpus", "docs_8", "window_1024", "window_4096")
 MASK_ROW_KEYS = ("impl", "mask", "dtype", "head_dim", "seqlen", "batch", "heads", "visible_fraction", "fwd_ms", "fwdbwd_ms",
                  "fwd_tflops", "fwdbwd_tflops", "speedup_vs_causal", "max_abs_diff", "status")
@@ -73,9 +77,17 @@ def make_mask(name: str, batch: int, seqlen: int, device: torch.device, corpus: 
 
 def masked_impl(impl: str, mask: Mask, seqlen: int, device: torch.device) -> Masked:
     """q, k, v -> o under `mask` (causal) for one implementation."""
-    if impl in ("flash", "sdpa"):
-        attend = get_attention(impl, window=mask.window)
-        return lambda q, k, v: attend(q, k, v, True, document_ids=mask.document_ids)
+    if impl in ("flash", "flash_compiled", "sdpa"):
+        attend = get_attention(impl.removesuffix("_compiled"), window=mask.window)
+
+        def attn(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            return attend(q, k, v, True, document_ids=mask.document_ids)
+
+        if impl == "flash_compiled":
+            allow_recompiles()
+            # inductor on CUDA, as in training; on the CPU aot_eager (the same graphs, no C++ toolchain)
+            return torch.compile(attn, dynamic=False, backend="inductor" if device.type == "cuda" else "aot_eager")
+        return attn
     if impl != "flex":
         raise ValueError(f"impl must be one of {MASK_IMPLS}, got {impl!r}")
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention

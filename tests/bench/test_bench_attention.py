@@ -45,3 +45,22 @@ def test_plots_go_beside_the_results_unless_told():
     args = bench_attention.parse_args([])
     assert args.out.parts[:2] == ("outputs", "bench") and args.plot_dir == args.out.parent
     assert str(bench_attention.parse_args(["--plot-dir", "docs"]).plot_dir) == "docs"
+
+
+@pytest.mark.slow
+def test_mask_rows_on_cpu(tmp_path):
+    """--masks: every impl computes the same masked attention as ours, and each row's speed-up is
+    against that impl's own causal row; flash_compiled runs our ops inside torch.compile."""
+    out = tmp_path / "bench.json"
+    rows = bench_attention.main(["--device", "cpu", "--quick", "--masks", "docs_2", "window_16", "--seqlens", "64",
+                                 "--heads", "1", "--mask-impls", "flash", "flash_compiled", "sdpa", "--out", str(out)])
+    assert read_results(out)["mask_rows"] == rows
+    assert {(r["impl"], r["mask"]) for r in rows} == {(i, m) for i in ("flash", "flash_compiled", "sdpa")
+                                                      for m in ("docs_2", "window_16")}
+    assert all(r["status"] == "ok" and r["fwdbwd_ms"] > 0 for r in rows), rows
+    # causal pairs inside 2 documents of 32: 2 · 32·33/2 of 64²; a window of 16: 16·17/2 + 48·16
+    visible = {r["mask"]: r["visible_fraction"] for r in rows}
+    assert visible == pytest.approx({"docs_2": 1056 / 4096, "window_16": (136 + 48 * 16) / 4096}, abs=1e-4)
+    for r in rows:
+        if r["impl"] != "flash":
+            assert r["max_abs_diff"] is not None and r["max_abs_diff"] < 0.02, r  # bf16 outputs of the same mask
