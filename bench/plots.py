@@ -165,8 +165,9 @@ def _plot_losses(ax, rows: list[dict[str, Any]], colors: dict, label: dict, seql
 
 def plot_long_context(rows: list[dict[str, Any]], path: Path, gpu_memory_gib: float | None = None) -> Path:
     """Peak memory and tokens/s vs seq_len (log-log), one line per attention × checkpointing (solid
-    with circles: none, dashed with squares: blocks, so a line of one point still shows which); an x on the bottom edge marks the first seq_len that ran out of memory,
-    a dotted line the GPU's memory."""
+    with circles: none, dashed with squares: blocks, so a line of one point still shows which); an
+    x on the bottom edge marks the first seq_len that ran out of memory, a dotted line the GPU's
+    memory."""
     from matplotlib.transforms import blended_transform_factory
 
     plt = pyplot()

@@ -10,8 +10,9 @@ its GPU work). A training step is the span the loop marks TRAIN_STEP, not the pr
 step: that also holds the evaluation after the last step (with its compilation: 22 s in one
 long-context run, which put attention at 21% of a step it filled most of), checkpoints and logging.
 Attention operators count where they start inside a training step, whichever thread runs them
-(autograd runs the CUDA backward on a thread of its own). `attention=naive` is plain matmuls and softmax, fused by the compiler with their
-neighbours: it has no operator of its own, and its share is reported as unknown.
+(autograd runs the CUDA backward on a thread of its own). `attention=naive` is plain matmuls and
+softmax, fused by the compiler with their neighbours: it has no operator of its own, and its share
+is reported as unknown.
 """
 
 from __future__ import annotations
