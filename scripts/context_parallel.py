@@ -8,7 +8,8 @@ the share of the ring's communication hidden behind compute (profiler trace of s
     python scripts/context_parallel.py --dry-run                        # the commands only
     python scripts/context_parallel.py --report-only --runs-dir <runs>  # rows from runs already made
 
-Each run is train.py with --experiment (default long-context-8k: GPT-2 medium; bf16, compiled), one sequence
+Each run is train.py with --experiment (default long-context: GPT-2 medium with rotary positions, the chunked
+loss and checkpointing=auto, as the one-GPU frontier of scripts/long_context.py; bf16, compiled), one sequence
 per step (batch_size=1), synthetic tokens (speed only), profile=true; cp=2 goes through torchrun
 with context_parallel=2. For each attention and cp the ladder climbs until a run fails (OOM): the
 last that trained is the frontier. Everything after --train goes to every train.py unchanged.
@@ -50,7 +51,8 @@ CONVENTION = (
     "time per step other than AllReduce/ReduceScatter (DDP), ring_exposed_ms: the part with no compute kernel beside "
     "it, comm_hidden_share = 1 - exposed/comm (an NCCL kernel's time includes waiting for its peer); frontier: the "
     "longest seq_len with status ok, the ladder stopping at the first failure. batch_size=1, bf16, compiled, "
-    "each run's recipe in its .hydra/overrides.yaml (default experiment=long-context-8k: GPT-2 medium), "
+    "each run's recipe in its .hydra/overrides.yaml (default experiment=long-context: GPT-2 medium, rope, chunked loss, "
+    "checkpointing=auto per rank), "
     "data=synthetic, profile=true (steps 3-5 traced)."
 )
 SEQ_LENS = [16384, 32768, 65536, 131072, 262144, 524288]
@@ -154,7 +156,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cp", nargs="+", type=int, default=[1, 2], help="context-parallel degrees (= GPUs per run)")
     p.add_argument("--seq-lens", nargs="+", type=int, default=SEQ_LENS, help="the ladder, climbed until a run fails")
     p.add_argument("--steps", type=int, default=12, help="steps per run; tokens/s is the median after the first")
-    p.add_argument("--experiment", default="long-context-8k", help="train.py's recipe (configs/experiment/)")
+    p.add_argument("--experiment", default="long-context", help="train.py's recipe (configs/experiment/)")
     p.add_argument("--runs-dir", type=Path, help=f"default {output_dir(SCRIPT) / 'runs'}")
     p.add_argument("--out", type=Path, help=f"default {default_out(SCRIPT, 'context_parallel.json')}")
     p.add_argument("--dry-run", action="store_true", help="print the commands only")

@@ -39,7 +39,7 @@ def test_dry_run_prints_one_command_per_rung(capsys, tmp_path):
     assert [line.split(":")[0] for line in lines] == [f"=== flash-cp{cp}-n{n}" for cp in (1, 2) for n in (4096, 8192)]
     assert "torch.distributed.run --standalone --nproc_per_node=2" in lines[2] and "context_parallel=2" in lines[2]
     assert "torch.distributed.run" not in lines[0] and lines[0].endswith("compile=false")
-    assert "experiment=long-context-8k" in lines[0] and "seq_len=4096 batch_size=1" in lines[0]
+    assert "experiment=long-context " in lines[0] and "seq_len=4096 batch_size=1" in lines[0]
     assert not any(tmp_path.iterdir())
 
 
