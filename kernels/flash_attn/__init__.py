@@ -3,8 +3,8 @@
 Read in this order: forward.py (the forward kernel and its online-softmax equations), backward.py
 (delta, the key-block kernel for dK/dV, the dQ kernel, and the two backward schedules),
 tiles.py (helpers both share: operand rounding, the causal key range, pointer vs TMA loads),
-launch.py (the tuned launch table and the launchers), op.py (the torch custom ops, autograd and
-FLOP formulas), and this file: the public functions and their input checks.
+launch.py (the tuned launch table and the launchers), op.py (the torch custom ops, autograd,
+FLOP formulas, and the eager path around them), and this file: the public functions and their input checks.
 
 Under the causal mask the programs differ in length; REVERSE in the launch config starts the
 longest first (the last query blocks; the key-block kernels already start at theirs).
@@ -25,7 +25,7 @@ import math
 import torch
 
 from kernels.flash_attn.launch import interpreting
-from kernels.flash_attn.op import flash_attn_bwd, flash_attn_fwd
+from kernels.flash_attn.op import attention_bwd, attention_fwd
 from kernels.flash_attn.tiles import LN2, LOG2E
 
 MAX_HEAD_DIM = 256
@@ -136,7 +136,7 @@ def flash_attention(
     """
     check_inputs(q, k, v, causal, softmax_scale, deterministic)
     check_masks(q, k, window_size, document_ids)
-    o, _ = flash_attn_fwd(q, k, v, causal, _scale(q, softmax_scale), _schedule(deterministic), *window_size, document_ids)
+    o, _ = attention_fwd(q, k, v, causal, _scale(q, softmax_scale), _schedule(deterministic), *window_size, document_ids)
     return o
 
 
@@ -156,7 +156,7 @@ def flash_attn_forward(
     check_inputs(q, k, v, causal, softmax_scale)
     check_masks(q, k, window_size, document_ids)
     with torch.no_grad():
-        out, lse2 = flash_attn_fwd(q, k, v, causal, _scale(q, softmax_scale), "two_pass", *window_size, document_ids)
+        out, lse2 = attention_fwd(q, k, v, causal, _scale(q, softmax_scale), "two_pass", *window_size, document_ids)
     return out, lse2 * LN2.value  # the kernels keep it in base 2
 
 
@@ -183,5 +183,5 @@ def flash_attn_backward(
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device}, q on {q.device}: they must be on one device")
     with torch.no_grad():
-        return flash_attn_bwd(dout, q, k, v, out, lse * LOG2E.value, causal, _scale(q, softmax_scale),
+        return attention_bwd(dout, q, k, v, out, lse * LOG2E.value, causal, _scale(q, softmax_scale),
                               _schedule(deterministic), *window_size, document_ids)

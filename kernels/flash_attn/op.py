@@ -1,9 +1,18 @@
 """The kernels as PyTorch ops: custom ops (opaque to torch.compile, so fullgraph works), fake
 impls (shapes only: meta tensors, tracing), autograd, and FLOP formulas for FlopCounterMode.
 The forward op returns (o, lse2), the log-sum-exp in base 2 as the kernels keep it; the backward op
-takes it back unchanged."""
+takes it back unchanged.
+
+attention_fwd / attention_bwd are what the public functions call. In plain eager code they skip
+the custom-op layer and run the launchers under a torch.autograd.Function: on the H200 the
+custom op's Python wrapping (schema defaults, alias checks, its autograd, dynamo's disable guard)
+cost ~550 µs per fwd+bwd, twice the launches themselves (docs/perf-notes.md, v6). Under
+torch.compile, a dispatch mode (FlopCounterMode, fake tensors), tensor subclasses or functorch
+they call the custom ops, which those need.
+"""
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
@@ -76,3 +85,63 @@ def _bwd_flops(do, q, k, v, o, lse2, causal, scale, deterministic=True, window_l
     batch, heads_q, seqlen_q, head_dim = q.shape
     return attention_flops(batch, heads_q, seqlen_q, k.shape[2], head_dim, causal, "bwd",
                            window_size=(window_left, window_right), document_ids=document_ids)
+
+
+def _plain_eager(*tensors: Optional[torch.Tensor]) -> bool:
+    """May the launchers run without the custom-op layer? Only for plain tensors with data (meta
+    tensors need the fake impl) in eager code: is_compiling comes first so that dynamo, tracing
+    this, folds it and reads nothing else. tensors[0] decides the device (one for all: check_inputs)."""
+    return not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
+                or torch._C._are_functorch_transforms_active() or tensors[0].is_meta
+                or any(t is not None and type(t) is not torch.Tensor for t in tensors))
+
+
+def _profiled(name: str) -> contextlib.AbstractContextManager:
+    """The custom op's name as a profiler range, so profiles (training/profiling.py finds attention
+    by these names) read the same on both paths; free when no profiler runs."""
+    if torch._C._autograd._profiler_enabled():
+        return torch.profiler.record_function(name)
+    return contextlib.nullcontext()
+
+
+class _EagerAttention(torch.autograd.Function):
+    """flash_attn_fwd with its autograd, minus the custom-op layer (attention_fwd says when)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, schedule, window_left, window_right, document_ids):
+        with _profiled("flashgpt::flash_attn_fwd"):
+            o, lse2 = launch.forward(q, k, v, causal, scale, window_size=(window_left, window_right),
+                                     document_ids=document_ids)
+        ctx.mark_non_differentiable(lse2)
+        _setup_context(ctx, (q, k, v, causal, scale, schedule, window_left, window_right, document_ids), (o, lse2))
+        return o, lse2
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse2, document_ids = ctx.saved_tensors
+        dq, dk, dv = attention_bwd(do, q, k, v, o, lse2, ctx.causal, ctx.scale, ctx.schedule, *ctx.window, document_ids)
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+def attention_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, schedule: str = "two_pass",
+    window_left: int = -1, window_right: int = -1, document_ids: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, lse2), differentiable in q, k, v: flash_attn_fwd's contract, by the cheapest path that serves the caller."""
+    args = (q, k, v, causal, scale, schedule, window_left, window_right, document_ids)
+    if _plain_eager(q, k, v, document_ids):
+        return _EagerAttention.apply(*args)
+    return flash_attn_fwd(*args)
+
+
+def attention_bwd(
+    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse2: torch.Tensor,
+    causal: bool, scale: float, schedule: str = "two_pass",
+    window_left: int = -1, window_right: int = -1, document_ids: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv): flash_attn_bwd's contract, by the cheapest path that serves the caller."""
+    args = (do, q, k, v, o, lse2, causal, scale, schedule, window_left, window_right, document_ids)
+    if _plain_eager(do, q, k, v, o, lse2, document_ids):
+        with _profiled("flashgpt::flash_attn_bwd"):
+            return launch.backward(*args[:9], (window_left, window_right), document_ids)
+    return flash_attn_bwd(*args)

@@ -14,7 +14,7 @@ import torch
 
 from kernels.flash_attn import check_inputs, check_masks, launch
 from kernels.flash_attn.launch import KernelConfig
-from kernels.flash_attn.op import flash_attn_fwd
+from kernels.flash_attn.op import attention_fwd
 from kernels.reference import attention_backward_reference, attention_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -118,7 +118,7 @@ def flash_scheduled(q, k, v, causal=False, softmax_scale=None, schedule="two_pas
     check_inputs(q, k, v, causal, softmax_scale)
     check_masks(q, k, window_size, document_ids)
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    return flash_attn_fwd(q, k, v, causal, scale, schedule, *window_size, document_ids)[0]
+    return attention_fwd(q, k, v, causal, scale, schedule, *window_size, document_ids)[0]
 
 
 def check_against_reference(q, k, v, causal, softmax_scale=None, schedule="two_pass", window_size=(-1, -1), document_ids=None):

@@ -30,7 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import kernels.flash_attn as fa
 from kernels import attention_flops, flash_attention, flash_attn_backward, flash_attn_forward
-from kernels.flash_attn import launch
+from kernels.flash_attn import launch, op
 from kernels.flash_attn.launch import KERNELS, kernel_config, tma_ok
 from kernels.reference import causal_mask
 
@@ -164,6 +164,36 @@ def test_flop_counter_sees_forward_and_recomputing_backward(schedule):
         assert bwd == 10 * batch * heads * pairs * head_dim  # 5 matmuls: S = QKᵀ is recomputed
         assert bwd / fwd == 2.5
         assert fwd == attention_flops(batch, heads, seqlen, seqlen, head_dim, causal, "fwd")
+
+
+def test_eager_calls_skip_the_custom_op_layer_and_match_it(monkeypatch):
+    # plain eager code runs the launchers under an autograd.Function (the custom op's Python layer
+    # cost more host time than the launches, perf-notes v6), bitwise the custom op's result;
+    # a dispatch mode such as FlopCounterMode still goes through the custom ops
+    q, k, v = make_qkv(1, 2, 1, 70, 70, 32, torch.bfloat16)
+    do = torch.randn(q.shape, device=DEVICE, dtype=torch.float64)
+    by_op = run_fwd_bwd(lambda *qkv: op.flash_attn_fwd(*qkv, True, 0.2)[0], q, k, v, do)
+    calls = []
+    for name in ("flash_attn_fwd", "flash_attn_bwd"):
+        monkeypatch.setattr(op, name, lambda *a, _op=getattr(op, name), _name=name: calls.append(_name) or _op(*a))
+
+    def public(*qkv):
+        return flash_attention(*qkv, causal=True, softmax_scale=0.2, deterministic=True)
+
+    eager = run_fwd_bwd(public, q, k, v, do)
+    assert calls == []
+    assert all(torch.equal(a, b) for a, b in zip([by_op[0], *by_op[1]], [eager[0], *eager[1]]))
+    with FlopCounterMode(display=False):
+        run_fwd_bwd(public, q, k, v, do)
+    assert calls == ["flash_attn_fwd", "flash_attn_bwd"]
+
+
+def test_eager_path_names_its_ops_for_the_profiler():
+    # training/profiling.py finds attention by the custom ops' names: the eager path records them too
+    q, k, v = make_qkv(1, 1, 1, 40, 40, 16, torch.float32)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        flash_attention(q, k, v, causal=True).sum().backward()
+    assert {"flashgpt::flash_attn_fwd", "flashgpt::flash_attn_bwd"} <= {e.name for e in prof.events()}
 
 
 @pytest.mark.parametrize("deterministic", slow_except([True, False, None], [None], lambda d: {True: "two-pass", False: "fastest", None: "follow-torch"}[d]))
