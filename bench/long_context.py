@@ -33,8 +33,8 @@ ROW_KEYS = ("attention", "seq_len", "checkpointing", "position", "status", "toke
 KEPT_STATUS = ("ok", "oom")  # rows a continued sweep does not measure again
 CONVENTION = (
     "one `train.py experiment=long-context` run per point (batch 1, bf16, compiled on CUDA), in its own process; "
-    "tokens_per_s, step_ms: the trainer's median over the steps after the first; peak_mem_gib: "
-    "torch.cuda.max_memory_allocated; attention_share: GPU time of the attention operators over the wall time of "
+    "tokens_per_s, step_ms: the trainer's median over the steps after the first that the profiler did not trace; "
+    "peak_mem_gib: torch.cuda.max_memory_allocated; attention_share: GPU time of the attention operators over the wall time of "
     "3 profiled steps (profile=true; null for naive, which the compiler fuses into other kernels); mfu / hfu: model / "
     "hardware FLOPs (recompute included, model/flops.py) over the measured matmul peak; estimated_gib: "
     "training/memory.py's estimate for the point; status oom: out of memory; skipped: not run because a shorter "

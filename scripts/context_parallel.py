@@ -45,7 +45,7 @@ SCRIPT = "context_parallel"
 ROW_KEYS = ("attention", "gpus", "cp", "seq_len", "status", "tokens_per_s", "tokens_per_s_per_gpu", "peak_mem_gib",
             "efficiency", "step_ms", "ring_comm_ms", "ring_exposed_ms", "comm_hidden_share", "run_dir")
 CONVENTION = (
-    "tokens_per_s: all GPUs' tokens per second, the trainer's median over steps after the first; tokens_per_s_per_gpu = "
+    "tokens_per_s: all GPUs' tokens per second, the trainer's median over the steps after the first that the profiler did not trace; tokens_per_s_per_gpu = "
     "tokens_per_s / gpus; peak_mem_gib: the fullest GPU's torch.cuda.max_memory_allocated; efficiency: cp=2 tokens/s "
     "per GPU at seq_len S / one GPU's tokens/s at S/2 (the same tokens per GPU); ring_comm_ms: rank 0's NCCL kernel "
     "time per step other than AllReduce/ReduceScatter (DDP), ring_exposed_ms: the part with no compute kernel beside "

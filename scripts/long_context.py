@@ -11,7 +11,7 @@ checkpointing off and on, which seq_len in 8K..256K trains at batch 1, at what s
     python scripts/long_context.py --train data=stdlib               # everything after --train goes to train.py
 
 Each point is `python train.py experiment=long-context attention=A seq_len=N checkpointing=C
-model.position=P batch_size=1 profile=true data=synthetic steps=5 ...` in its own process (run
+model.position=P batch_size=1 profile=true data=synthetic steps=7 ...` in its own process (run
 folders under outputs/bench/<date>/long_context/runs/ unless --runs-dir); an out-of-memory point
 is a row with status "oom", and the longer seq_lens of that line are skipped (--no-skip runs them).
 The JSON ({"meta", "rows"}, default outputs/bench/<date>/long_context/long_context.json) is
@@ -36,9 +36,9 @@ from model.gpt import POSITIONS
 
 SCRIPT = "long_context"
 DEFAULTS = dict(model="gpt2-medium", seq_lens=list(SEQ_LENS), attention=list(ATTENTIONS), checkpointing=list(CHECKPOINTING),
-                position=["rope"], steps=5, data="synthetic", timeout_s=1800.0)
+                position=["rope"], steps=7, data="synthetic", timeout_s=1800.0)
 QUICK = dict(model="tiny", seq_lens=[32, 64], attention=["sdpa"], checkpointing=list(CHECKPOINTING), position=["rope"],
-             steps=5, data="synthetic", timeout_s=300.0)
+             steps=6, data="synthetic", timeout_s=300.0)
 # --quick: a CPU-sized train.py (before the user's --train overrides, which win)
 QUICK_TRAIN = ["device=cpu", "compile=false", "dtype=fp32", "model.n_layer=1", "data.vocab_size=256",
                "data.num_tokens=20000", "loss_chunk=32"]
@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--position", nargs="+", choices=POSITIONS, help="default: rope (the experiment's)")
     p.add_argument("--seq-lens", nargs="+", type=int, help=f"default: {' '.join(map(str, SEQ_LENS))}")
     p.add_argument("--model", help="model preset (default gpt2-medium)")
-    p.add_argument("--steps", type=int, help="steps per point: the first compiles, 3 of the others are profiled (default 5)")
+    p.add_argument("--steps", type=int, help="steps per point: the first compiles, 2-5 run under the profiler, the speed is the median of the rest (default 7)")
     p.add_argument("--no-profile", dest="profile", action="store_false",
                    help="no profiler (attention_share stays null); then 2 steps are enough")
     p.add_argument("--data", help="data preset (default synthetic: speed and memory only, no tokenizer to build)")
@@ -68,8 +68,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = fill_defaults(p, p.parse_args(argv), DEFAULTS, QUICK)
     if args.quick:
         args.overrides = [*QUICK_TRAIN, *args.overrides]
-    if args.steps < (5 if args.profile else 2):  # profile=true traces steps 3-5; the median skips step 1 (compilation)
-        p.error(f"--steps must be at least 5 with the profiler (steps 3-5 are profiled), 2 without (got {args.steps})")
+    # the speed is the median of the steps after the first (compilation) that the profiler did not
+    # trace: profile=true traces steps 2-5 (one warm-up, three recorded), so step 6 is the first it can use
+    if args.steps < (6 if args.profile else 2):
+        p.error(f"--steps must be at least 6 with the profiler (it traces steps 2-5, which the speed leaves out), "
+                f"2 without (got {args.steps})")
     args.out = args.out or default_out(SCRIPT, "long_context.json")
     args.plot = args.plot or args.out.with_name("long_context.png")
     args.runs_dir = args.runs_dir or output_dir(SCRIPT) / "runs"

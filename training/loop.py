@@ -35,7 +35,7 @@ from training.context_parallel import Shard, whole_sequences
 from training.distributed import DistInfo
 from training.metrics import MetricsLogger, NoMetrics, run_name
 from training.optim import lr_at
-from training.profiling import TRAIN_STEP, step_profiler
+from training.profiling import TRAIN_STEP, profiler_recording, step_profiler
 from training.progress import ANNOUNCE_ABOVE_S, StepProgress
 from training.setup import Run, setup
 from training.signals import StopNow, stop_on_signals
@@ -187,6 +187,7 @@ class _Tally:
 
     done: int  # optimizer steps done, counting those before a resume
     times: list[float] = field(default_factory=list)  # this process's step times, seconds
+    traced: list[bool] = field(default_factory=list)  # per step of `times`: did profile=true's profiler record it?
     recent: list[float] = field(default_factory=list)  # train losses since the last console line
     skipped: int = 0  # steps whose NaN/Inf batch was skipped (skip_nonfinite_steps)
     loss: float | None = None  # the last step's train loss
@@ -214,6 +215,7 @@ def _loop(run: Run, metrics: MetricsLogger | NoMetrics) -> dict[str, Any]:
                 progress.begin(step + 1, announce=first, note="torch.compile compiles the model in it" if compiling else "")
                 with torch.profiler.record_function(TRAIN_STEP) if prof is not None else contextlib.nullcontext():
                     row = _step(run, step, tally, progress.phase)  # the span profile=true measures attention against
+                tally.traced.append(profiler_recording(prof))
                 progress.end()
                 # stop_at adds no evaluation: stopping and resuming logs what one straight run logs.
                 if (cfg.eval_every and tally.done % cfg.eval_every == 0) or tally.done == cfg.steps:
@@ -310,6 +312,15 @@ def _stopped(run: Run, done: int, signal_name: str | None = None, now: bool = Fa
     return {"status": "interrupted", "signal": signal_name} if signal_name else {"status": "stopped"}
 
 
+def steady_step_time(times: list[float], traced: list[bool]) -> float:
+    """The median step time in seconds, without the first step (it pays for compilation and
+    warm-up) and without the steps profile=true's profiler recorded (its tracing slows them) as
+    long as another step is left; the first step only when it is the only one."""
+    later = list(zip(times, traced))[1:]
+    untraced = [t for t, was_traced in later if not was_traced]
+    return statistics.median(untraced or [t for t, _ in later] or times)
+
+
 def _final_numbers(run: Run, tally: _Tally, profiled: dict[str, Any]) -> dict[str, Any]:
     """The summary's losses, steady-state speed, MFU, memory and attention share."""
     cfg, device = run.cfg, run.device
@@ -319,7 +330,7 @@ def _final_numbers(run: Run, tally: _Tally, profiled: dict[str, Any]) -> dict[st
     if tally.skipped:
         summary["skipped_steps"] = tally.skipped
     if tally.times:
-        steady = statistics.median(tally.times[1:] or tally.times)  # step 1 pays for compilation and warm-up
+        steady = steady_step_time(tally.times, tally.traced)
         # final/*: named apart from the per-step perf/* values (training/metrics.py)
         summary["final/step_ms_median"] = 1e3 * steady
         summary["final/tokens_per_s_median"] = cfg.batch_size * cfg.seq_len / steady

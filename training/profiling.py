@@ -86,6 +86,12 @@ def attention_share(events: list[Any], on_gpu: bool) -> dict[str, Any]:
     }
 
 
+def profiler_recording(prof: torch.profiler.profile | None) -> bool:
+    """Did the step that just ended run under the profiler's tracing (its warm-up or its recorded
+    steps)? Those steps are slower than the others, so the summary's speed leaves them out."""
+    return prof is not None and prof.current_action != torch.profiler.ProfilerAction.NONE
+
+
 @contextlib.contextmanager
 def step_profiler(cfg: DictConfig, out_dir: Path, report: dict[str, Any], main: bool = True,
                   ) -> Iterator[torch.profiler.profile | None]:

@@ -6,10 +6,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
+from omegaconf import OmegaConf
 from torch.autograd import DeviceType
 
 from training import train
-from training.profiling import TRAIN_STEP, attention_share
+from training.loop import steady_step_time
+from training.profiling import TRAIN_STEP, attention_share, profiler_recording, step_profiler
 
 
 def ev(name, cpu_us=0.0, gpu_us=0.0, device=DeviceType.CPU, parent=None, start=0.0):
@@ -99,3 +102,23 @@ def test_profile_of_naive_attention_says_its_share_is_unknown(tiny_cfg, pattern_
         summary = train(cfg)
     assert json.loads((Path(cfg.out_dir) / "profile.json").read_text())["attention_share"] is None
     assert "profile/attention_share" not in summary and "its share is unknown" in caplog.text
+
+
+def test_profiler_traces_steps_2_to_5_and_the_speed_leaves_them_out(tmp_path):
+    # profile=true's tracing slows the steps it covers (its warm-up too): the summary's median
+    # step time must come from the others, else a profiled run reads slower than an unprofiled one
+    cfg = OmegaConf.create({"profile": True, "device": "cpu", "attention": {"name": "sdpa"}})
+    traced = []
+    with step_profiler(cfg, tmp_path, {}) as prof:
+        for _ in range(7):
+            with torch.profiler.record_function(TRAIN_STEP):
+                torch.ones(8, 8) @ torch.ones(8, 8)
+            traced.append(profiler_recording(prof))
+            prof.step()
+    assert traced == [False, True, True, True, True, False, False]
+    times = [9.0, 2.0, 2.0, 2.0, 2.0, 1.0, 1.2]
+    assert steady_step_time(times, traced) == pytest.approx(1.1)  # steps 6-7: no compilation, no tracing
+    assert steady_step_time(times[:5], traced[:5]) == 2.0  # nothing untraced after step 1: the traced steps
+    assert steady_step_time([9.0, 1.0, 3.0], [False] * 3) == 2.0  # no profiler: every step after the first
+    assert steady_step_time([9.0], [False]) == 9.0
+    assert not profiler_recording(None)
