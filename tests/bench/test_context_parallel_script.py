@@ -41,26 +41,34 @@ def test_dry_run_prints_one_command_per_rung(capsys, tmp_path):
     assert "torch.distributed.run" not in lines[0] and lines[0].endswith("compile=false")
     assert "experiment=long-context " in lines[0] and "seq_len=4096 batch_size=1" in lines[0]
     assert not any(tmp_path.iterdir())
+    script.main(["--attention", "sdpa", "--dp", "2", "--cp", "2", "--seq-lens", "8192", "--runs-dir", str(tmp_path), "--dry-run"])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("==="))
+    assert line.startswith("=== sdpa-dp2-cp2-n8192:") and "--nproc_per_node=4" in line
+    assert "batch_size=2" in line and "context_parallel=2" in line
 
 
 def test_report_rows_efficiency_and_frontier(tmp_path):
-    def run(attention, cp, seq_len, tokens_per_s=None, status="ok"):
-        summary = {**OK, "status": status, "final/tokens_per_s_median": tokens_per_s, "ranks": cp}
-        fake_run(tmp_path, f"{attention}-cp{cp}-n{seq_len}", attention, seq_len, summary, context_parallel=cp)
+    def run(attention, cp, seq_len, tokens_per_s=None, status="ok", dp=1):
+        summary = {**OK, "status": status, "final/tokens_per_s_median": tokens_per_s, "ranks": dp * cp}
+        fake_run(tmp_path, script.run_name(attention, dp, cp, seq_len), attention, seq_len, summary,
+                 context_parallel=cp, batch_size=dp)
 
     run("flash", 1, 8192, 100_000.0)
     run("flash", 1, 16384, 80_000.0, status="oom")
     run("flash", 2, 16384, 180_000.0)
     run("flash", 2, 32768, 120_000.0)  # no one-GPU run at 16384 that trained: no efficiency
+    run("flash", 2, 16384, 340_000.0, dp=2)  # 4 GPUs, two sequences of 16384 per step, each over 2 GPUs
     (tmp_path / "flash-cp2-n16384" / "trace.json").write_text(json.dumps({"traceEvents": [
         kernel("gemm", 0, 300), kernel("ncclDevKernel_SendRecv", 200, 300)]}))
     out = tmp_path / "cp.json"
     rows = script.main(["--report-only", "--runs-dir", str(tmp_path), "--out", str(out)])
-    by = {(r["cp"], r["seq_len"]): r for r in rows}
+    by = {(r["cp"], r["seq_len"]): r for r in rows if r["dp"] == 1}
+    both = next(r for r in rows if r["dp"] == 2)
+    assert both["gpus"] == 4 and both["tokens_per_s_per_gpu"] == 85_000 and both["efficiency"] == 0.85
     assert by[2, 16384]["tokens_per_s_per_gpu"] == 90_000 and by[2, 16384]["efficiency"] == 0.9
     assert by[2, 16384]["gpus"] == 2 and by[2, 16384]["comm_hidden_share"] == pytest.approx(1 / 3, rel=1e-3)
     assert by[2, 32768]["efficiency"] is None and by[1, 16384]["status"] == "oom"
     saved = read_results(out)
-    assert saved["frontier"] == {"flash": {"cp1": 8192, "cp2": 32768}}
+    assert saved["frontier"] == {"flash": {"cp1": 8192, "cp2": 32768, "dp2xcp2": 16384}}
     assert {"attention", "gpus", "cp", "seq_len", "status", "tokens_per_s", "tokens_per_s_per_gpu", "peak_mem_gib",
             "efficiency"} <= saved["rows"][0].keys() and saved["meta"]["git_rev"]

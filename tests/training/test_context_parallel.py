@@ -53,6 +53,15 @@ def test_two_cp_ranks_match_one_process_which_resumes_their_checkpoint(tmp_path,
 
 
 @pytest.mark.slow
+def test_two_data_parallel_groups_of_two_cp_ranks_match_one_process(tmp_path):
+    # world 4 = dp 2 × cp 2: two sequences per step, each split over a pair of ranks; the gradients
+    # average over the data-parallel groups as one process's over its batch of 2
+    four = launch(tmp_path, 4, *CP_RUN, "batch_size=2")
+    assert "on each of 4 ranks, ddp, context_parallel=2" in (four / "train.log").read_text()
+    assert_same_losses(four, single(tmp_path / "one", *ONE, "batch_size=2"))
+
+
+@pytest.mark.slow
 def test_one_process_checkpoint_resumes_on_two_cp_ranks_under_fsdp(tmp_path, straight):
     one = single(tmp_path, *ONE, "ckpt_every=5", "stop_at=5")
     launch(tmp_path, 2, *CP_RUN, "parallel=fsdp", "ckpt_every=5", "resume=true", run_dir=one)
