@@ -6,6 +6,7 @@ the table's choice), so these call the launchers directly instead of the autogra
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from typing import Any, Callable
 
@@ -54,3 +55,12 @@ def kernel_calls(q: Tensor, k: Tensor, v: Tensor, do: Tensor, causal: bool) -> d
         "bwd_dq": lambda cfg: launch.backward_dq(do, q, k, v, o, lse2, causal, scale, config=cfg)[0],
         "bwd_fused": lambda cfg: launch.backward_fused(do, q, k, v, lse2, launch.backward_delta(o, do), causal, scale, config=cfg),
     }
+
+
+def parse_tile(text: str) -> dict:
+    """'64x128x8x3' -> BLOCK_M 64, BLOCK_N 128, 8 warps, 3 stages."""
+    try:
+        block_m, block_n, warps, stages = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"tile {text!r}: write BLOCK_MxBLOCK_NxWARPSxSTAGES, e.g. 64x128x8x3") from None
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)

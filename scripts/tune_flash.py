@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from bench.cli import CAUSAL_CHOICES, resolve_device
 from bench.results import default_out, run_meta, write_json
-from bench.tiles import config, kernel_calls
+from bench.tiles import config, kernel_calls, parse_tile
 from bench.timing import bench_ms
 from kernels.flash_attn import launch
 from kernels.flops import attention_flops
@@ -64,15 +64,6 @@ def with_knobs(configs: list[dict], knobs: list[str], first: dict) -> list[dict]
     lead = [c for c in configs if all(c[key] == first[key] for key in c)]
     ordered = lead + [c for c in configs if c not in lead]
     return [{**c, **dict(zip(knobs, values))} for c in ordered for values in itertools.product([False, True], repeat=len(knobs))]
-
-
-def parse_tile(text: str) -> dict:
-    """'64x128x8x3' -> BLOCK_M 64, BLOCK_N 128, 8 warps, 3 stages."""
-    try:
-        block_m, block_n, warps, stages = (int(part) for part in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"tile {text!r}: write BLOCK_MxBLOCK_NxWARPSxSTAGES, e.g. 64x128x8x3") from None
-    return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
 
 
 def tflops(flops: int, ms: float) -> float:

@@ -24,6 +24,7 @@ SCRIPTS = {
                     "--kernels"], {"tune_flash.json"}),
     "compare_runs": (["runs"], {"train_sweep.json", "train_sweep.png"}),
     "scaling": (["report", "runs"], {"scaling.json"}),
+    "kernel_resources": (["--kernels", "fwd", "--head-dims", "64"], {"kernel_resources.json"}),
 }
 
 
