@@ -26,10 +26,11 @@ def block_d(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
-def config(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool, **fields: Any) -> KernelConfig:
-    """The table's config of `kernel` (one of launch.KERNELS) for this shape, with `fields`
-    (BLOCK_M, BLOCK_N, num_warps, num_stages, REVERSE, TMA) replaced where given and not None."""
-    default = launch.kernel_config(kernel, block_d(head_dim), dtype, causal)
+def config(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool, documents: bool = False, **fields: Any) -> KernelConfig:
+    """The table's config of `kernel` (one of launch.KERNELS) for this shape (`documents`: its
+    document-mask variant), with `fields` (BLOCK_M, BLOCK_N, num_warps, num_stages, REVERSE, TMA,
+    maxnreg) replaced where given and not None."""
+    default = launch.kernel_config(kernel, block_d(head_dim), dtype, causal, documents)
     return dataclasses.replace(default, **{k: v for k, v in fields.items() if v is not None})
 
 

@@ -9,6 +9,7 @@ MHA: group 1).
     python scripts/kernel_resources.py                                  # the launch table's 16-bit configs, d 64 and 128
     python scripts/kernel_resources.py --kernels bwd_dkdv --head-dims 64 --tiles 32x128x4x3 64x128x8x3
     python scripts/kernel_resources.py --documents both --causal both   # the document-mask variants beside
+    python scripts/kernel_resources.py --kernels fwd bwd_dq --head-dims 64 --documents true --maxnreg 128   # a register cap
 
 The numbers are the installed Triton's (its code generation and its ptxas): to read what the GPU
 machine runs, use its Triton version, e.g. `pip install --target /tmp/t36 triton==3.6.0 "numpy<2.4"`
@@ -53,7 +54,7 @@ CONVENTION = ("regs: registers per thread and spill_bytes: spill stores per thre
               "head-dim stride 1, group 1); the dK/dV kernel as the two-pass schedule runs it (no dQ)")
 TABLE = Table([
     Column("kernel", "kernel"), Column("head_dim", "d"), Column("tile", "tile"), Column("tma", "TMA"),
-    Column("causal", "causal"), Column("documents", "docs"), Column("regs", "regs"), Column("spill_bytes", "spill B"),
+    Column("causal", "causal"), Column("documents", "docs"), Column("maxnreg", "cap"), Column("regs", "regs"), Column("spill_bytes", "spill B"),
     Column("shared_bytes", "smem B"),
 ])
 
@@ -114,17 +115,22 @@ def measure(kernel: str, cfg: launch.KernelConfig, head_dim: int, dtype: torch.d
     fn = KERNELS[kernel]
     short = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
     sig, values, attrs = signature(fn, short, kernel_constants(kernel, cfg, head_dim, dtype, causal, documents))
-    compiled = triton.compile(ASTSource(fn, sig, values, attrs), target=GPUTarget("cuda", capability, 32),
-                              options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.maxnreg is not None:
+        options["maxnreg"] = cfg.maxnreg
+    compiled = triton.compile(ASTSource(fn, sig, values, attrs), target=GPUTarget("cuda", capability, 32), options=options)
     regs, spills = ptxas_stats(compiled.asm["ptx"], capability)
     return dict(kernel=kernel, head_dim=head_dim, dtype=short, causal=causal, documents=documents,
-                tile=f"{cfg.BLOCK_M}x{cfg.BLOCK_N}x{cfg.num_warps}x{cfg.num_stages}", tma=cfg.TMA,
+                tile=f"{cfg.BLOCK_M}x{cfg.BLOCK_N}x{cfg.num_warps}x{cfg.num_stages}", tma=cfg.TMA, maxnreg=cfg.maxnreg,
                 regs=regs, spill_bytes=spills, shared_bytes=compiled.metadata.shared)
 
 
-def configs(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool, tiles: list[dict]) -> list[launch.KernelConfig]:
-    """The launch table's config, or the table's with each of `tiles` (parse_tile dicts) put in."""
-    return [tile_config(kernel, head_dim, dtype, causal, **tile) for tile in tiles or [{}]]
+def configs(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool, documents: bool, tiles: list[dict],
+            maxnreg: list[int]) -> list[launch.KernelConfig]:
+    """The launch table's config (the document variant's with its register cap, if any), or the
+    table's with each of `tiles` (parse_tile dicts) and each of the `maxnreg` caps put in."""
+    caps = [dict(maxnreg=cap) for cap in maxnreg] or [{}]
+    return [tile_config(kernel, head_dim, dtype, causal, documents, **tile, **cap) for tile in tiles or [{}] for cap in caps]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -136,6 +142,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="launch configs to compile, e.g. 64x128x8x3 (default: the launch table's)")
     p.add_argument("--causal", default="true", choices=["true", "false", "both"])
     p.add_argument("--documents", default="false", choices=["true", "false", "both"], help="the document-mask variant")
+    p.add_argument("--maxnreg", nargs="+", type=int, default=[], help="register caps per thread to try (default: the table's)")
     p.add_argument("--capability", type=int, default=90, help="CUDA compute capability to compile for (90: H100/H200)")
     p.add_argument("--out", type=Path, help=f"default {default_out(SCRIPT, SCRIPT + '.json')}")
     args = p.parse_args(argv)
@@ -148,8 +155,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     both = {"true": [True], "false": [False], "both": [False, True]}
     rows = []
-    for kernel, head_dim, causal in itertools.product(args.kernels, args.head_dims, both[args.causal]):
-        for cfg, documents in itertools.product(configs(kernel, head_dim, dtype, causal, args.tiles), both[args.documents]):
+    for kernel, head_dim, causal, documents in itertools.product(args.kernels, args.head_dims, both[args.causal], both[args.documents]):
+        for cfg in configs(kernel, head_dim, dtype, causal, documents, args.tiles, args.maxnreg):
             rows.append(measure(kernel, cfg, head_dim, dtype, causal, documents, args.capability))
             print(TABLE.render(rows[-1:]).splitlines()[-1], flush=True)
     print("\n" + TABLE.render(rows))

@@ -30,7 +30,9 @@ class KernelConfig:
     index order, so this decides which blocks run in the last, partly idle wave; under the causal
     mask the longest should start first (the last query blocks, the first key blocks).
     TMA: the inner loop's streamed tiles come through tensor descriptors (Hopper's copy engine)
-    instead of masked pointer loads; used only where the tensors allow it (tma_ok)."""
+    instead of masked pointer loads; used only where the tensors allow it (tma_ok).
+    maxnreg: a cap on registers per thread (ptxas spills above it), None: the compiler's choice.
+    Registers decide how many programs share an SM: at 8 warps, 128 a thread fit two, 129 one."""
 
     BLOCK_M: int
     BLOCK_N: int
@@ -39,6 +41,7 @@ class KernelConfig:
     REVERSE: bool = False
     TMA: bool = False
     TMA_DQ: bool = False  # bwd_fused only: dQ shares added by TMA bulk reduce-add (Hopper), not per-element atomics
+    maxnreg: int | None = None
 
     def launch_kwargs(self, *tensors: torch.Tensor) -> dict:
         """Kernel keyword arguments; TMA falls back to pointer loads when one of `tensors` (the
@@ -46,8 +49,11 @@ class KernelConfig:
         tma = self.TMA and tma_ok(*tensors)
         if tma:
             _ensure_allocator()
-        return dict(BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, REVERSE=self.REVERSE, TMA=tma,
-                    num_warps=self.num_warps, num_stages=self.num_stages)
+        kwargs = dict(BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, REVERSE=self.REVERSE, TMA=tma,
+                      num_warps=self.num_warps, num_stages=self.num_stages)
+        if self.maxnreg is not None:
+            kwargs["maxnreg"] = self.maxnreg
+        return kwargs
 
 
 # ----------------------------------------------------------------------------------------------
@@ -103,16 +109,17 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)  # triton.cdiv is a jit function: calling it from Python costs ~20 µs
 
 
-def kernel_config(kernel: str, block_d: int, dtype: torch.dtype, causal: bool) -> KernelConfig:
+def kernel_config(kernel: str, block_d: int, dtype: torch.dtype, causal: bool, documents: bool = False) -> KernelConfig:
     """The table's launch config for one kernel (one of KERNELS), from the padded head dim and dtype.
 
     One table for every caller (tests, training, benchmarks). The interpreter gets 64×64 blocks,
     because its cost grows with the number of programs × key blocks, not with tile size, but the
     GPU entry's TMA setting, so that CPU tests run the load path the GPU runs. `causal` only sets
-    REVERSE; tiles are shared by both settings."""
+    REVERSE; tiles are shared by both settings. `documents`: the document-mask variant of the
+    kernel, which may take a register cap (DOCUMENT_MAXNREG)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {', '.join(map(repr, KERNELS))}, got {kernel!r}")
-    return _table_config(kernel, block_d, dtype, causal, interpreting())
+    return _table_config(kernel, block_d, dtype, causal, documents, interpreting())
 
 
 # Host time matters as much as kernel time at short sequences (N=1024: a fwd+bwd is ~0.5 ms of GPU
@@ -123,11 +130,13 @@ def _table_key(block_d: int, dtype: torch.dtype) -> tuple[str, str]:
 
 
 @functools.lru_cache(maxsize=None)
-def _table_config(kernel: str, block_d: int, dtype: torch.dtype, causal: bool, interpret: bool) -> KernelConfig:
-    config = LAUNCH_TABLE[(kernel, *_table_key(block_d, dtype))]
-    if interpret:
-        config = KernelConfig(64, 64, REVERSE=config.REVERSE, TMA=config.TMA, TMA_DQ=config.TMA_DQ)
-    return dataclasses.replace(config, REVERSE=causal and config.REVERSE)
+def _table_config(kernel: str, block_d: int, dtype: torch.dtype, causal: bool, documents: bool, interpret: bool) -> KernelConfig:
+    key = (kernel, *_table_key(block_d, dtype))
+    config = LAUNCH_TABLE[key]
+    if interpret:  # no registers to cap either
+        return KernelConfig(64, 64, REVERSE=causal and config.REVERSE, TMA=config.TMA, TMA_DQ=config.TMA_DQ)
+    maxnreg = DOCUMENT_MAXNREG.get(key) if documents else None
+    return dataclasses.replace(config, REVERSE=causal and config.REVERSE, maxnreg=maxnreg or config.maxnreg)
 
 
 @functools.lru_cache(maxsize=None)
@@ -206,7 +215,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     lse2 = torch.empty((batch, heads_q, seqlen_q), device=q.device, dtype=torch.float32)
     consts = _launch_args(q)
     mask = resolve(causal, window_size, document_ids, seqlen_q, seqlen_k)
-    cfg = config or kernel_config("fwd", consts["BLOCK_D"], q.dtype, mask.causal)
+    cfg = config or kernel_config("fwd", consts["BLOCK_D"], q.dtype, mask.causal, mask.documents is not None)
     grid = (_cdiv(seqlen_q, cfg.BLOCK_M), heads_q, batch)
     fwd_kernel[grid](
         q, k, v, o, lse2, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
@@ -256,7 +265,7 @@ def backward_dkdv(do, q, k, v, lse2, delta, causal: bool, scale: float, config: 
     """The deterministic schedule's second pass: dK, dV, from the delta the first one wrote."""
     consts = _launch_args(q)
     mask = resolve(causal, window_size, document_ids, q.shape[2], k.shape[2])
-    cfg = config or kernel_config("bwd_dkdv", consts["BLOCK_D"], q.dtype, mask.causal)
+    cfg = config or kernel_config("bwd_dkdv", consts["BLOCK_D"], q.dtype, mask.causal, mask.documents is not None)
     return _launch_key_blocks(do, q, k, v, lse2, delta, mask, scale, cfg, consts, None, tile_counter)
 
 
@@ -268,7 +277,7 @@ def backward_dq(do, q, k, v, o, lse2, causal: bool, scale: float, config: Kernel
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     consts = _launch_args(q)
     mask = resolve(causal, window_size, document_ids, seqlen_q, seqlen_k)
-    cfg = config or kernel_config("bwd_dq", consts["BLOCK_D"], q.dtype, mask.causal)
+    cfg = config or kernel_config("bwd_dq", consts["BLOCK_D"], q.dtype, mask.causal, mask.documents is not None)
     dq = torch.empty_like(q)
     delta = torch.empty((batch, heads_q, seqlen_q), device=q.device, dtype=torch.float32)
     bwd_dq_kernel[(_cdiv(seqlen_q, cfg.BLOCK_M), heads_q, batch)](
@@ -286,7 +295,7 @@ def backward_fused(do, q, k, v, lse2, delta, causal: bool, scale: float, config:
     """The single-pass schedule: dK, dV and atomically summed dQ."""
     consts = _launch_args(q)
     mask = resolve(causal, window_size, document_ids, q.shape[2], k.shape[2])
-    cfg = config or kernel_config("bwd_fused", consts["BLOCK_D"], q.dtype, mask.causal)
+    cfg = config or kernel_config("bwd_fused", consts["BLOCK_D"], q.dtype, mask.causal, mask.documents is not None)
     # every key block adds its share of dQ here: float32 (exact adds of the tiles; bf16 atomics also
     # lack interpreter support), zeroed, in q's layout so the final cast keeps it
     dq_acc = torch.zeros_like(q, dtype=torch.float32)
@@ -308,6 +317,13 @@ def fastest_schedule(q: torch.Tensor) -> str:
         return "two_pass"
     return "fused" if FUSED_FASTER.get(_table_key(_launch_args(q)["BLOCK_D"], q.dtype), False) else "two_pass"
 
+
+# Register caps for the document-mask variants, (kernel, head dim class, dtype class) -> registers
+# per thread. Compiled for sm_90 (scripts/kernel_resources.py, triton 3.6), the forward and dQ
+# kernels at d=64 take 122 registers without documents, two 8-warp programs per SM, and 141 / 148
+# with them, one per SM; capped at 128 they spill 28 / 8 bytes and fit two again. Entries go here
+# once the H200 measures them faster (perf-notes v6, item 5); none is measured yet.
+DOCUMENT_MAXNREG: dict[tuple[str, str, str], int] = {}
 
 # (padded head dim, dtype class) where the fused schedule with TMA reduce-add beat the two passes
 # on the H200 (fwd+bwd, N=1024..32768, causal and full): see docs/perf-notes.md, v4.

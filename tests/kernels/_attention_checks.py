@@ -40,8 +40,8 @@ def launch_table_changed(change: Callable[[str, KernelConfig], dict]) -> Iterato
     ops) runs under other launch configs. Direct launcher calls take `config=` instead."""
     table = launch.kernel_config
 
-    def changed(kernel: str, *args) -> KernelConfig:
-        config = table(kernel, *args)
+    def changed(kernel: str, *args, **kwargs) -> KernelConfig:
+        config = table(kernel, *args, **kwargs)
         return dataclasses.replace(config, **change(kernel, config))
 
     with pytest.MonkeyPatch.context() as mp:

@@ -159,6 +159,29 @@ def test_tiles_visited_at_rectangular_tiles():
         assert {name: n for name, (n, _) in counts.items()} == dict.fromkeys(counts, expected), (tile, counts)
 
 
+def test_document_register_cap_goes_to_the_document_variants_only(monkeypatch):
+    # DOCUMENT_MAXNREG caps the registers of a kernel's document variant on the GPU (two programs
+    # per SM instead of one); the plain variants and the interpreter never see it
+    monkeypatch.setitem(launch.DOCUMENT_MAXNREG, ("fwd", "d64", "16bit"), 128)
+    launch._table_config.cache_clear()
+    try:
+        on_gpu = launch._table_config("fwd", 64, torch.bfloat16, True, True, False)
+        assert on_gpu.maxnreg == 128 and on_gpu.launch_kwargs()["maxnreg"] == 128
+        plain = launch._table_config("fwd", 64, torch.bfloat16, True, False, False)
+        assert plain.maxnreg is None and "maxnreg" not in plain.launch_kwargs()
+        assert launch._table_config("bwd_dq", 64, torch.bfloat16, True, True, False).maxnreg is None  # no entry
+        assert launch._table_config("fwd", 64, torch.bfloat16, True, True, True).maxnreg is None  # interpreter
+    finally:
+        launch._table_config.cache_clear()
+    # a capped config launches and changes nothing but registers (the interpreter ignores the cap)
+    q, k, v = make_qkv(1, 2, 2, 80, 80, 32, torch.float32, requires_grad=False)
+    ids = torch.repeat_interleave(torch.arange(4), 20)[None].to(q.device)
+    table = launch.kernel_config("fwd", 32, q.dtype, True, True)
+    plain_o, _ = launch.forward(q, k, v, True, 0.2, document_ids=ids)
+    capped_o, _ = launch.forward(q, k, v, True, 0.2, config=dataclasses.replace(table, maxnreg=128), document_ids=ids)
+    assert torch.equal(plain_o, capped_o)
+
+
 def test_document_ranges_from_tile_min_max():
     ids = doc_ids(100, 3, 200, 17, 192)[None]  # boundaries at 100, 103, 303, 320
     ranges = document_ranges(ids, 64, 64)[0].tolist()
