@@ -24,14 +24,12 @@ import triton
 import triton.language as tl
 
 from kernels.flash_attn.tiles import (
-    causal_bounds,
     doc_ids,
-    doc_range,
+    key_bounds,
     load_rows,
     mma_operand,
     positions_visible,
     row_source,
-    tile_range,
 )
 
 
@@ -119,16 +117,8 @@ def fwd_kernel(
     if DOCS:
         doc_base = DOC + b * stride_docb
         doc_q = doc_ids(doc_base, offs_m, seqlen_q)
-    if WINDOW:
-        lo, full_lo, full_end, hi = tile_range(start_m, BLOCK_M, BLOCK_N, seqlen_k, offset, win_left, win_right)
-    else:
-        full_end, hi = causal_bounds(start_m, BLOCK_M, BLOCK_N, seqlen_k, offset, CAUSAL)
-        lo = 0
-        full_lo = 0
-    pure_lo = full_lo
-    pure_hi = full_end
-    if DOCS:  # only the key blocks of this block's documents
-        lo, full_lo, pure_lo, pure_hi, full_end, hi = doc_range(DOC_RANGE, b * tl.num_programs(0) + pid_m, lo, full_lo, full_end, hi)
+    lo, full_lo, pure_lo, pure_hi, full_end, hi = key_bounds(start_m, BLOCK_M, BLOCK_N, seqlen_k, offset, win_left, win_right,
+                                                             DOC_RANGE, b * tl.num_programs(0) + pid_m, CAUSAL, WINDOW, DOCS)
     if WINDOW:
         # the window's head: key blocks left of those every row sees
         acc, l_i, m_i = _fwd_inner(

@@ -132,6 +132,25 @@ def clip_range(lo, full_lo, full_hi, hi, other_lo, other_hi):
 
 
 @triton.jit
+def key_bounds(start, BLOCK: tl.constexpr, BLOCK_OTHER: tl.constexpr, seqlen_k, offset, win_left, win_right,
+               DOC_RANGE, block, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DOCS: tl.constexpr):
+    """The key blocks a query block [start, start + BLOCK) visits (the forward's and the dQ
+    pass's): lo, full_lo, pure_lo, pure_hi, full_hi, hi as doc_range returns them; without
+    documents [pure_lo, pure_hi) is the whole fully visible middle [full_lo, full_hi)."""
+    if WINDOW:
+        lo, full_lo, full_hi, hi = tile_range(start, BLOCK, BLOCK_OTHER, seqlen_k, offset, win_left, win_right)
+    else:
+        full_hi, hi = causal_bounds(start, BLOCK, BLOCK_OTHER, seqlen_k, offset, CAUSAL)
+        lo = 0
+        full_lo = 0
+    pure_lo = full_lo
+    pure_hi = full_hi
+    if DOCS:  # only the key blocks of this block's documents
+        lo, full_lo, pure_lo, pure_hi, full_hi, hi = doc_range(DOC_RANGE, block, lo, full_lo, full_hi, hi)
+    return lo, full_lo, pure_lo, pure_hi, full_hi, hi
+
+
+@triton.jit
 def positions_visible(q_idx, k_idx, seqlen_k, offset, win_left, win_right, CAUSAL: tl.constexpr, WINDOW: tl.constexpr):
     """The positional mask for broadcast-shaped query and key indices (True: visible)."""
     keep = k_idx < seqlen_k
