@@ -214,8 +214,9 @@ def _loop(run: Run, metrics: MetricsLogger | NoMetrics) -> dict[str, Any]:
                 first = step == run.start_step and (compiling or (estimate or 0) > ANNOUNCE_ABOVE_S)
                 progress.begin(step + 1, announce=first, note="torch.compile compiles the model in it" if compiling else "")
                 with torch.profiler.record_function(TRAIN_STEP) if prof is not None else contextlib.nullcontext():
-                    row = _step(run, step, tally, progress.phase)  # the span profile=true measures attention against
-                tally.traced.append(profiler_recording(prof))
+                    # the span profile=true measures attention against; the profiler's action for this
+                    # step holds until prof.step() below, so whether it traces the step is known now
+                    row = _step(run, step, tally, progress.phase, traced=profiler_recording(prof))
                 progress.end()
                 # stop_at adds no evaluation: stopping and resuming logs what one straight run logs.
                 if (cfg.eval_every and tally.done % cfg.eval_every == 0) or tally.done == cfg.steps:
@@ -246,8 +247,10 @@ def _loop(run: Run, metrics: MetricsLogger | NoMetrics) -> dict[str, Any]:
     return {**summary, **_final_numbers(run, tally, profiled)}
 
 
-def _step(run: Run, step: int, tally: _Tally, phase: Callable[[str], None] = lambda text: None) -> dict[str, float]:
-    """Optimizer step number `step` (0-based), timed and averaged over ranks; returns its metrics row."""
+def _step(run: Run, step: int, tally: _Tally, phase: Callable[[str], None] = lambda text: None,
+          traced: bool = False) -> dict[str, float]:
+    """Optimizer step number `step` (0-based), timed and averaged over ranks; returns its metrics row.
+    traced: the profiler records this step (its time then stays out of the summary's median)."""
     cfg, device = run.cfg, run.device
     t0 = time.perf_counter()
     # The data position is a function of the step alone (and this rank's rows).
@@ -268,6 +271,7 @@ def _step(run: Run, step: int, tally: _Tally, phase: Callable[[str], None] = lam
     dt = distributed.maximum(time.perf_counter() - t0, device)  # the slowest rank's step
     tally.done, tally.loss = step + 1, loss
     tally.times.append(dt)
+    tally.traced.append(traced)
     tally.recent.append(loss)
     row = _step_metrics(run, loss, lr, dt)
     if tally.skipped:
