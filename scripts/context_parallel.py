@@ -41,7 +41,7 @@ from bench.comm_overlap import ring_overlap
 from bench.results import ROOT, default_out, output_dir, rounded, run_meta, write_results
 from bench.runs import NCCL_SAFE_ENV, run_row
 from bench.tables import Column, Table
-from training.metrics import HYDRA_CONFIG
+from training.metrics import HYDRA_CONFIG, read_summary
 from training.profiling import ACTIVE_STEPS, TRACE_FILE
 
 SCRIPT = "context_parallel"
@@ -115,12 +115,14 @@ def row_of(run: Path) -> dict[str, Any] | None:
         return None
     cfg = OmegaConf.load(run / HYDRA_CONFIG)
     cp = int(cfg.context_parallel)
-    dp = int(cfg.batch_size)  # one sequence per data-parallel replica (command)
+    # the ranks the run had, as scaling.py counts them; a run that ended before its summary has no
+    # count: then what command() launched, one sequence (batch_size = dp) per data-parallel replica
+    gpus = int((read_summary(run)[0] or {}).get("ranks") or int(cfg.batch_size) * cp)
     tps = base["tokens_per_s"]
     trace = run / TRACE_FILE
     comm = ring_overlap(json.loads(trace.read_text()), ACTIVE_STEPS) if trace.exists() else {}
-    row = {**base, "gpus": dp * cp, "dp": dp, "cp": cp, "efficiency": None,
-           "tokens_per_s_per_gpu": rounded(tps / (dp * cp) if tps else None),
+    row = {**base, "gpus": gpus, "dp": gpus // cp, "cp": cp, "efficiency": None,
+           "tokens_per_s_per_gpu": rounded(tps / gpus if tps else None),
            **{key: rounded(comm.get(key), 4) for key in ("ring_comm_ms", "ring_exposed_ms", "comm_hidden_share")}}
     return {key: row.get(key) for key in ROW_KEYS}
 
