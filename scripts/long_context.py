@@ -33,6 +33,7 @@ from bench.long_context import ATTENTIONS, CHECKPOINTING, CONVENTION, SEQ_LENS, 
 from bench.plots import plot_long_context
 from bench.results import default_out, output_dir, run_meta
 from model.gpt import POSITIONS
+from training.profiling import FIRST_UNTRACED_STEP
 
 SCRIPT = "long_context"
 DEFAULTS = dict(model="gpt2-medium", seq_lens=list(SEQ_LENS), attention=list(ATTENTIONS), checkpointing=list(CHECKPOINTING),
@@ -68,11 +69,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = fill_defaults(p, p.parse_args(argv), DEFAULTS, QUICK)
     if args.quick:
         args.overrides = [*QUICK_TRAIN, *args.overrides]
-    # the speed is the median of the steps after the first (compilation) that the profiler did not
-    # trace: profile=true traces steps 2-5 (one warm-up, three recorded), so step 6 is the first it can use
-    if args.steps < (6 if args.profile else 2):
-        p.error(f"--steps must be at least 6 with the profiler (it traces steps 2-5, which the speed leaves out), "
-                f"2 without (got {args.steps})")
+    # the speed is the median of the steps after the first (compilation) that the profiler did not trace
+    if args.steps < (FIRST_UNTRACED_STEP if args.profile else 2):
+        p.error(f"--steps must be at least {FIRST_UNTRACED_STEP} with the profiler (it traces steps 2-{FIRST_UNTRACED_STEP - 1}, "
+                f"which the speed leaves out), 2 without (got {args.steps})")
     args.out = args.out or default_out(SCRIPT, "long_context.json")
     args.plot = args.plot or args.out.with_name("long_context.png")
     args.runs_dir = args.runs_dir or output_dir(SCRIPT) / "runs"

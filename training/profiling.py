@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 PROFILE_FILE = "profile.json"
 TRACE_FILE = "trace.json"
 ACTIVE_STEPS = 3  # profiled steps, after one skipped and one warm-up step
+# the first step (1-based) after the profiler's: steps 2 to 5 run under its tracing (warm-up included)
+FIRST_UNTRACED_STEP = 1 + 1 + ACTIVE_STEPS + 1
 TRAIN_STEP = "train_step"  # record_function label of the loop's optimizer step (forward, backward, update)
 # Substrings of operator names that are attention (outermost match counted: SDPA's dispatch
 # to _scaled_dot_product_flash_attention etc. is nested inside it and not counted twice).
