@@ -34,7 +34,8 @@ def naive_hbm_bytes(shape: Shape) -> tuple[float, float]:
 def fused_hbm_bytes(shape: Shape, impl: str) -> tuple[float, float]:
     """(read, write) bytes of a fused (tiled) forward+backward: each kernel reads its operands once
     and writes its results once; re-reads of K/V tiles by other query blocks are assumed to hit L2.
-    Ours runs four kernels (forward, preprocess, dK/dV, dQ); flash_fused replaces the last two by one
+    Ours runs four kernels (forward, preprocess, dK/dV, dQ); flash_fused (and flash_hopper, the same
+    schedule in Gluon; its inputs' copies to a contiguous layout are not counted) replaces the last two by one
     that adds dQ into a float32 buffer (zeroed first, atomics assumed to meet in L2, so the buffer
     is read and written back once) and a cast. SDPA's fused backends are modelled as the compulsory
     traffic: q, k, v read and o written forward; q, k, v, o, dO read and dq, dk, dv written backward.
@@ -49,7 +50,7 @@ def fused_hbm_bytes(shape: Shape, impl: str) -> tuple[float, float]:
             (4 * nd + 2 * stat, 2 * nd),        # dK/dV: q, k, v, dO, lse, delta -> dk, dv
             (4 * nd + 2 * stat, nd),            # dQ: q, k, v, dO, lse, delta -> dq
         ]
-    elif impl == "flash_fused":
+    elif impl in ("flash_fused", "flash_hopper"):
         kernels = [
             (3 * nd, nd + stat),                        # forward
             (2 * nd, stat),                             # preprocess

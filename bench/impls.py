@@ -8,6 +8,7 @@ measure exactly what `train.py attention=...` runs; flex is benchmark-only.
                     backward's fastest exact schedule (kernels.flash_attn.launch.fastest_schedule)
     flash_two_pass  ours with the deterministic two-pass backward (attention.deterministic=true)
     flash_fused     ours with the single-pass backward forced (dQ by atomic adds; TMA reduce-add on Hopper)
+    flash_hopper    ours with the Gluon single-pass backward forced (sm_90 GPUs, head_dim 64 / 128)
     sdpa            torch scaled_dot_product_attention, PyTorch's own backend choice
     sdpa_cudnn, sdpa_flash, sdpa_efficient, sdpa_math   SDPA pinned to one backend (sdpa_kernel)
     flex            torch FlexAttention under torch.compile; causal through a block mask
@@ -27,7 +28,7 @@ from model.attention import get_attention
 AttnFn = Callable[[Tensor, Tensor, Tensor, bool], Tensor]
 
 SDPA_PINNED = {"sdpa_cudnn": "cudnn", "sdpa_flash": "flash", "sdpa_efficient": "efficient", "sdpa_math": "math"}
-IMPL_NAMES = ("naive", "flash", "flash_two_pass", "flash_fused", "sdpa", *SDPA_PINNED, "flex")
+IMPL_NAMES = ("naive", "flash", "flash_two_pass", "flash_fused", "flash_hopper", "sdpa", *SDPA_PINNED, "flex")
 
 # How many compiled variants of one function (one per shape and mask: compiled with dynamic=False,
 # as FlexAttention is normally benchmarked) dynamo may keep before it silently falls back to eager.
@@ -86,21 +87,26 @@ def make_impl(name: str) -> AttnFn:
         return _flex()
     if name == "flash_two_pass":
         return get_attention("flash", deterministic=True)
-    if name == "flash_fused":
-        return _flash_fused
+    if name in FORCED_SCHEDULES:
+        return functools.partial(_flash_scheduled, schedule=FORCED_SCHEDULES[name])
     return get_attention(name)
 
 
-def _flash_fused(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
+FORCED_SCHEDULES = {"flash_fused": "fused", "flash_hopper": "hopper"}
+
+
+def _flash_scheduled(q: Tensor, k: Tensor, v: Tensor, causal: bool, schedule: str) -> Tensor:
     # the op itself, because the public function only offers "deterministic" or "fastest"
     from kernels.flash_attn.op import flash_attn_fwd
 
-    return flash_attn_fwd(q, k, v, causal, q.shape[-1] ** -0.5, "fused")[0]
+    return flash_attn_fwd(q, k, v, causal, q.shape[-1] ** -0.5, schedule)[0]
 
 
 def default_impls(device: torch.device) -> list[str]:
-    """Every implementation on CUDA. On CPU flex is left out: compiling it there needs a C++
-    toolchain and minutes, which a smoke run should not spend (ask for it with --impls flex)."""
+    """Every implementation that runs on `device`. flash_hopper only on an sm_90 GPU. On CPU flex is
+    left out too: compiling it there needs a C++ toolchain and minutes, which a smoke run should not
+    spend (ask for it with --impls flex)."""
     if device.type == "cuda":
-        return list(IMPL_NAMES)
-    return [n for n in IMPL_NAMES if n != "flex"]
+        hopper = torch.cuda.get_device_capability(device) == (9, 0)
+        return [n for n in IMPL_NAMES if hopper or n != "flash_hopper"]
+    return [n for n in IMPL_NAMES if n not in ("flex", "flash_hopper")]

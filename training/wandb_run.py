@@ -41,7 +41,8 @@ TOKENS = "train/tokens"  # the x-axis: tokens trained on so far (all ranks), con
 STEP_SUMMARIES = {"train/loss": "min,last", "val/loss": "min,last", "perf/*": "none", "lr": None,
                   "time/elapsed_s": None, "train/skipped_steps": None}
 # flash's kernels per backward schedule (kernels.flash_attn.launch.SCHEDULES): what its launch settings list
-FLASH_KERNELS = {"two_pass": ("fwd", "bwd_dq", "bwd_dkdv"), "fused": ("fwd", "bwd_fused")}
+# ("hopper": the Gluon backward's settings are launch.HOPPER_BACKWARD's, shown as bwd_hopper)
+FLASH_KERNELS = {"two_pass": ("fwd", "bwd_dq", "bwd_dkdv"), "fused": ("fwd", "bwd_fused"), "hopper": ("fwd",)}
 
 
 def names(cfg: DictConfig) -> tuple[str, str]:
@@ -66,19 +67,22 @@ def names(cfg: DictConfig) -> tuple[str, str]:
 
 def kernel_settings(cfg: DictConfig, dtype: str, device: str) -> dict[str, Any] | None:
     """attention=flash: the backward schedule that runs, and the launch table's choice per kernel
-    (tiles, warps, stages, REVERSE, TMA) for this model's head_dim, dtype and device; None for naive
-    and sdpa."""
+    (tiles, warps, stages, REVERSE, TMA) for this model's head_dim, seq_len, masks, dtype and device;
+    None for naive and sdpa."""
     if cfg.attention.name != "flash":
         return None
     # the kernels' own (private) resolution rules, so that what is shown is what runs, with no second copy
     from kernels.flash_attn import _schedule
-    from kernels.flash_attn.launch import _launch_args, fastest_schedule, kernel_config
+    from kernels.flash_attn.launch import HOPPER_BACKWARD, _launch_args, _table_key, fastest_schedule, kernel_config
 
     deterministic = cfg.attention.get("deterministic", "auto")
     schedule = _schedule(None if deterministic == "auto" else bool(deterministic))  # as flash_attention resolves it
-    q = torch.empty(1, 1, 1, cfg.model.n_embd // cfg.model.n_head, dtype=getattr(torch, dtype), device=device)
+    head_dim = cfg.model.n_embd // cfg.model.n_head
+    # one (batch 1, one head) sequence of the run's length: what the picks read (no memory behind it)
+    q = torch.empty(1, 1, 1, head_dim, dtype=getattr(torch, dtype), device=device).expand(1, 1, cfg.seq_len, head_dim)
     if schedule == "fastest":  # what launch.backward picks for such a q
-        schedule = fastest_schedule(q)
+        masked = cfg.attention.get("window") is not None or bool(cfg.data.get("document_mask", False))
+        schedule = fastest_schedule(q, q, masked)
     settings: dict[str, Any] = {
         "backward_schedule": schedule,
         "tma": "where the tensors' layout allows it (kernels.flash_attn.launch.tma_ok)",
@@ -86,6 +90,8 @@ def kernel_settings(cfg: DictConfig, dtype: str, device: str) -> dict[str, Any] 
     block_d = _launch_args(q)["BLOCK_D"]  # the head dim as the launchers pad it
     for kernel in FLASH_KERNELS[schedule]:
         settings[kernel] = dataclasses.asdict(kernel_config(kernel, block_d, q.dtype, causal=True))
+    if schedule == "hopper":
+        settings["bwd_hopper"] = dataclasses.asdict(HOPPER_BACKWARD[_table_key(head_dim, q.dtype)])
     return settings
 
 

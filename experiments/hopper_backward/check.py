@@ -1,15 +1,15 @@
 """Correctness and timing of the Gluon backward kernels on the GPU (Hopper): dkdv.py's dK/dV pass
-and fused.py's single-pass backward, against our `tl` kernels (kernels/flash_attn/launch.py),
-float64 and cuDNN:
+and the single-pass backward (kernels/flash_attn/backward_hopper.py, in hopper_variants.py's
+configs), against our `tl` kernels (kernels/flash_attn/launch.py), float64 and cuDNN:
 
     PYTHONPATH=$PWD python3 experiments/hopper_backward/check.py --out $OUT/x.json [--quick]
         [--phase all|correctness|timing] [--variants NAME,... | --variants all]
 
-1. correctness, per variant: every gradient the kernel makes (dK, dV; fused: dQ too) vs float64
+1. correctness, per variant: every gradient the kernel makes (dK, dV; single-pass: dQ too) vs float64
    under the repo's exactness rule (tests/kernels/_attention_checks.assert_within_rule, factor 3,
    standards: autograd in the input dtype and kernels/reference.attention_backward_reference), and
    its max difference from the `tl` two-pass results (dK, dV: bitwise equal so far; dQ of the
-   fused kernel: float32 adds in scheduling order, so not bitwise). The `tl` two-pass and fused
+   single-pass kernel: float32 adds in scheduling order, so not bitwise). The `tl` two-pass and fused
    schedules are judged the same way, as rows "tl" and "tl_fused". The sweep runs in one process
    per (head_dim, dtype, causal), so the compiles overlap and a crashed variant (which poisons its
    CUDA context) costs only its group: the group's other variants rerun in a fresh process.
@@ -18,7 +18,7 @@ float64 and cuDNN:
      dkdv_tl, dkdv_<variant>          the dK/dV pass alone (lse2, delta precomputed)
      bwd_tl_two_pass, bwd_tl_fused    launch.backward, both schedules (delta included)
      bwd_tl_dq+dkdv_gluon             the two passes with the Gluon dK/dV pass (ws_wg2_s2)
-     bwd_<fused variant>              launch.backward_delta + the Gluon single-pass kernel (with
+     bwd_<hopper variant>             launch.backward_delta + the Gluon single-pass kernel (with
                                       the dQ buffer's zeroing and final cast)
      cudnn_bwd                        cuDNN's fwd+bwd minus its fwd (torch SDPA)
    TFLOP/s use the 5-matmul count for whole backwards (10·B·H·N²·d, halved under causal) and 4
@@ -28,6 +28,7 @@ The JSON is rewritten after every step, so a run cut short still leaves what it 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -47,6 +48,7 @@ BATCHES = [1, 2]
 # the dK/dV variants run by default: the two fastest measured (against the measured numbers in
 # README.md: did the refactor change them?) and the same with REMAT_DESC (unmeasured); --variants all: every one
 DEFAULT_DKDV = ("ws_wg2_s2", "ws_wg2_s3", "ws_wg2_s2_remat", "ws_wg2_s3_remat")
+KERNEL_PREFIX = "hopper_"  # the single-pass kernel's variants (hopper_variants.py); the rest are dkdv.py's
 CASE_KEYS = ("variant", "batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "dtype", "causal")
 
 
@@ -67,14 +69,16 @@ def _import_checks():
 
 
 def kernel_of(variant: str) -> str:
-    return "fused" if variant.startswith("fused_") else "dkdv"
+    return "hopper" if variant.startswith(KERNEL_PREFIX) else "dkdv"
 
 
 def run_variant(variant, do, q, k, v, lse2, delta_dkdv, delta_fused, causal, scale):
     """(dq or None, dk, dv) of one Gluon variant."""
-    if kernel_of(variant) == "fused":
-        from fused import backward_fused_gluon
-        return backward_fused_gluon(do, q, k, v, lse2, delta_fused, causal, scale, variant)
+    if kernel_of(variant) == "hopper":
+        from hopper_variants import HOPPER_VARIANTS
+
+        from kernels.flash_attn.backward_hopper import backward_hopper
+        return backward_hopper(do, q, k, v, lse2, delta_fused, causal, scale, HOPPER_VARIANTS[variant])
     from dkdv import backward_dkdv_gluon
     return (None, *backward_dkdv_gluon(do, q, k, v, lse2, delta_dkdv, causal, scale, variant))
 
@@ -218,11 +222,12 @@ def bench_shape(n, d, causal, variants):
     import torch
     import torch.nn.functional as F
     from dkdv import backward_dkdv_gluon
-    from fused import backward_fused_gluon
+    from hopper_variants import HOPPER_VARIANTS
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from triton.testing import do_bench
 
     from kernels.flash_attn import launch
+    from kernels.flash_attn.backward_hopper import backward_hopper
 
     heads = 16
     batch = max(1, 16384 // n)
@@ -255,9 +260,10 @@ def bench_shape(n, d, causal, variants):
         return backward_dkdv_gluon(do, q, k, v, lse2, dlt, causal, scale, "ws_wg2_s2")
 
     record("bwd_tl_dq+dkdv_gluon", two_pass_gluon, 5)
-    for var in (x for x in variants if kernel_of(x) == "fused"):
-        record(f"bwd_{var}", lambda var=var: backward_fused_gluon(do, q, k, v, lse2, launch.backward_delta(o, do),
-                                                                  causal, scale, var), 5)
+    for var in (x for x in variants if kernel_of(x) == "hopper"):
+        record(f"bwd_{var}", lambda var=var: backward_hopper(do, q, k, v, lse2, launch.backward_delta(o, do),
+                                                             causal, scale, HOPPER_VARIANTS[var]), 5)
+    record("bwd_launch_fastest", lambda: launch.backward(do, q, k, v, o, lse2, causal, scale, schedule="fastest"), 5)
     # cuDNN: fwd+bwd minus fwd
     qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
 
@@ -278,7 +284,8 @@ def bench_shape(n, d, causal, variants):
 
 
 def compiled_stats():
-    """Registers / spills / shared memory of the Gluon kernels this process compiled (the bf16 timing runs)."""
+    """Registers / spills / shared memory of the dK/dV kernels this process compiled (the bf16 timing
+    runs; compile_sm90.py has the single-pass kernel's)."""
     from dkdv import COMPILED
     stats = []
     for (kernel, var, d, dtype, causal), ck in COMPILED.items():
@@ -305,8 +312,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="two small correctness shapes per variant, one timing shape")
     ap.add_argument("--phase", default="all", choices=["all", "correctness", "timing"])
-    ap.add_argument("--variants", help="comma-separated names from dkdv.VARIANTS / fused.VARIANTS, or 'all' "
-                                       "(default: DEFAULT_DKDV and every fused variant)")
+    ap.add_argument("--variants", help="comma-separated names from dkdv.VARIANTS / hopper_variants.HOPPER_VARIANTS, "
+                                       "or 'all' (default: DEFAULT_DKDV and every hopper variant)")
     ap.add_argument("--bench-variants", help="comma-separated subset to time (default: those that passed)")
     ap.add_argument("--corr-timeout", type=float, default=300)
     ap.add_argument("--budget", type=float, default=480, help="stop timing new shapes after this many seconds from the start")
@@ -314,22 +321,23 @@ def main():
     t_start = time.time()
 
     import dkdv
-    import fused
     import torch
     import triton
+    from hopper_variants import HOPPER_VARIANTS
 
-    every = list(dkdv.VARIANTS) + list(fused.VARIANTS)
+    every = list(dkdv.VARIANTS) + list(HOPPER_VARIANTS)
     if args.variants == "all":
         variants = every
     elif args.variants:
         variants = args.variants.split(",")
     else:
-        variants = list(DEFAULT_DKDV) + list(fused.VARIANTS)
+        variants = list(DEFAULT_DKDV) + list(HOPPER_VARIANTS)
     unknown = [v for v in variants if v not in every]
     if unknown:
         raise SystemExit(f"unknown variants: {unknown}")
     results = dict(triton=triton.__version__, torch=torch.__version__, device=torch.cuda.get_device_name(),
-                   variants={v: (fused.VARIANTS if kernel_of(v) == "fused" else dkdv.VARIANTS)[v] for v in variants},
+                   variants={v: dataclasses.asdict(HOPPER_VARIANTS[v]) if kernel_of(v) == "hopper" else dkdv.VARIANTS[v]
+                             for v in variants},
                    quick=args.quick)
     _write(args.out, results)
 

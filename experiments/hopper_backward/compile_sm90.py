@@ -1,15 +1,17 @@
-"""Compile every Gluon variant (dkdv.py's dK/dV pass, fused.py's single-pass backward) for sm_90
+"""Compile every Gluon variant (dkdv.py's dK/dV pass; the single-pass backward that training runs,
+kernels/flash_attn/backward_hopper.py, in the configs below) for sm_90
 without a GPU and print registers / spills / shared memory (ptxas -v on the generated PTX), ptxas
 warnings (e.g. serialized wgmma) and a few instruction counts of the PTX:
 
-    PYTHONPATH=/tmp/t36:$PWD python experiments/hopper_backward/compile_sm90.py [--kernel dkdv|fused]
+    PYTHONPATH=/tmp/t36:$PWD python experiments/hopper_backward/compile_sm90.py [--kernel dkdv|hopper]
         [--only NAME] [--json PATH] [--dump DIR]
 
-Needs only triton (3.6.0, the GPU machine's version); no torch, no GPU. `regs` is ptxas's count for
+Needs triton (3.6.0, the GPU machine's version) and torch (CPU is enough); no GPU. `regs` is ptxas's count for
 the whole kernel: with warp specialization it is the launch's per-thread budget (65536 / threads,
 rounded down to 8), and `setmaxnreg` shows what the partitions get (consumers / producer).
 """
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -18,25 +20,30 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(os.path.dirname(HERE))]
+os.environ["TRITON_INTERPRET"] = "0"  # compile, never interpret (kernels/__init__ keeps an explicit 0)
 
 import dkdv  # noqa: E402
-import fused  # noqa: E402
 import triton  # noqa: E402
+from hopper_variants import HOPPER_VARIANTS  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
+from kernels.flash_attn import backward_hopper  # noqa: E402
+
 TARGET = GPUTarget("cuda", 90, 32)
 KERNELS = {
     "dkdv": (dkdv.bwd_dkdv_gluon_kernel, dkdv.VARIANTS),
-    "fused": (fused.bwd_fused_gluon_kernel, fused.VARIANTS),
+    "hopper": (backward_hopper.bwd_hopper_kernel, {k: dataclasses.asdict(c) for k, c in HOPPER_VARIANTS.items()}),
 }
-POINTERS = {"DK": None, "DV": None, "DQ": "fp32", "LSE": "fp32", "DELTA": "fp32"}  # None: the input dtype
+POINTERS = {"DK": None, "DV": None, "LSE": "fp32", "DELTA": "fp32"}  # None: the input dtype
 
 
 def _desc(dtype_str, elem, block_shape):
-    return f"tensordesc<{dtype_str}{list(block_shape)},{dkdv.smem_layout(list(block_shape), elem)!r}>"
+    layout = gl.NVMMASharedLayout.get_default_for(list(block_shape), elem)
+    return f"tensordesc<{dtype_str}{list(block_shape)},{layout!r}>"
 
 
 def compile_variant(kernel: str, name: str, head_dim: int, causal: bool, dtype_str: str = "bf16"):

@@ -1,4 +1,5 @@
-"""A float64 numpy model of fused.py's tile and index logic, checked against dense attention
+"""A float64 numpy model of the single-pass kernel's tile and index logic
+(kernels/flash_attn/backward_hopper.py), checked against dense attention
 gradients on the CPU (no GPU, no triton):
 
     python experiments/hopper_backward/index_model.py

@@ -19,6 +19,7 @@ from kernels.flash_attn.masks import KernelMask, resolve
 from kernels.flash_attn.tiles import LOG2E
 
 # forward, deterministic backward (dK/dV pass, dQ pass) and the single-pass atomic-dQ backward
+# (the Hopper single-pass kernel, backward_hopper.py, has its own config: HopperConfig)
 KERNELS = ("fwd", "bwd_dkdv", "bwd_dq", "bwd_fused")
 
 
@@ -203,6 +204,22 @@ def _constants(head_dim: int, dtype: torch.dtype, interpret: bool, allow_tf32: b
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class HopperConfig:
+    """Launch settings of the Hopper single-pass backward (backward_hopper.py, Gluon).
+
+    BLOCK_M query rows per tile; BLOCK_N keys per program over num_warps consumer warps (16 keys
+    per warp: 8 warps are FlashAttention-3's two warpgroups); STAGES slots in the Q / dO ring.
+    REMAT_DESC: rebuild the K / V / dSᵀ shared-memory descriptors in the loop (at d=128, hoisted
+    out of it they spill; at d=64 hoisting measured faster)."""
+
+    BLOCK_M: int = 64
+    BLOCK_N: int = 128
+    num_warps: int = 8
+    STAGES: int = 2
+    REMAT_DESC: bool = True
+
+
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
             config: KernelConfig | None = None, window_size: tuple[int, int] = (-1, -1),
             document_ids: torch.Tensor | None = None, tile_counter: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -303,19 +320,71 @@ def backward_fused(do, q, k, v, lse2, delta, causal: bool, scale: float, config:
     return dq_acc.to(q.dtype), dk, dv  # the cast is a no-op for float32 inputs
 
 
-def fastest_schedule(q: torch.Tensor) -> str:
-    """The backward schedule that measured fastest for q's device, head dim and dtype, among the
-    exact ones; the one `deterministic=False` runs.
+def hopper_unsupported(q: torch.Tensor, k: torch.Tensor, window_size: tuple[int, int] = (-1, -1),
+                       document_ids: torch.Tensor | None = None) -> str | None:
+    """Why the Hopper single-pass backward can't take these inputs (a reason to show the user), or None."""
+    on_gpu = not interpreting() and q.device.type == "cuda"
+    masked = tuple(window_size) != (-1, -1) or document_ids is not None
+    return hopper_reason(_capability(q.device) if on_gpu else None, q.dtype, q.shape[-1], masked,
+                         max(q.numel(), k.numel()))
 
-    The interpreter: fused (half the programs × key blocks of the two passes). A Hopper GPU: fused
-    where its dQ adds go through TMA reduce-add and FUSED_FASTER measured it ahead (docs/perf-notes.md,
-    v4). Elsewhere two-pass: per-element float32 atomics made the fused schedule slower on every
-    shape measured (H200; no older GPU was measured, so they keep the schedule that needs no atomics)."""
+
+def hopper_reason(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int, masked: bool,
+                  numel: int) -> str | None:
+    """hopper_unsupported's rules on plain facts (capability None: no GPU, or the interpreter)."""
+    if capability is None:
+        return "runs on a CUDA GPU only (Gluon has no CPU interpreter)"
+    if capability != (9, 0):
+        return f"needs an sm_90 GPU (Hopper's wgmma), this one is sm_{capability[0]}{capability[1]}"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"takes float16 / bfloat16, got {dtype}"
+    if head_dim not in (64, 128) or _table_key(head_dim, dtype) not in HOPPER_BACKWARD:
+        return f"takes head_dim 64 or 128, got {head_dim}"
+    if masked:
+        return "takes the causal mask or none (no sliding window, no document ids)"
+    if numel >= 2**31:
+        return f"indexes with int32 offsets: B·H·N·d must stay below 2³¹, got {numel}"
+    if not _gluon_available():
+        return f"needs Gluon's Hopper API (triton.experimental.gluon), which triton {triton.__version__} lacks"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _gluon_available() -> bool:
+    try:
+        from kernels.flash_attn import backward_hopper  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def fastest_schedule(q: torch.Tensor, k: torch.Tensor | None = None, masked: bool = False) -> str:
+    """The backward schedule that measured fastest for these inputs, among the exact ones; the one
+    `deterministic=False` runs. k: the keys (default: q's shape); masked: a window or documents.
+
+    The interpreter: fused (half the programs × key blocks of the two passes). An sm_90 GPU: the
+    Gluon single-pass kernel (backward_hopper.py) where it takes the inputs and HOPPER_MIN_SEQLEN
+    measured it ahead (docs/perf-notes.md, v7); else fused where its dQ adds go through TMA
+    reduce-add and FUSED_FASTER measured it ahead (v4). Elsewhere two-pass: per-element float32
+    atomics made the fused schedule slower on every shape measured (H200; no older GPU was
+    measured, so they keep the schedule that needs no atomics)."""
     if interpreting():
         return "fused"
-    if q.device.type != "cuda" or _capability(q.device)[0] < 9:
+    if q.device.type != "cuda":
         return "two_pass"
-    return "fused" if FUSED_FASTER.get(_table_key(_launch_args(q)["BLOCK_D"], q.dtype), False) else "two_pass"
+    k = q if k is None else k
+    return gpu_schedule(_capability(q.device), q.dtype, q.shape[-1], k.shape[2], masked, max(q.numel(), k.numel()))
+
+
+def gpu_schedule(capability: tuple[int, int], dtype: torch.dtype, head_dim: int, seqlen_k: int, masked: bool,
+                 numel: int) -> str:
+    """fastest_schedule's pick on a GPU, from plain facts."""
+    if capability[0] < 9:
+        return "two_pass"
+    key = _table_key(max(16, triton.next_power_of_2(head_dim)), dtype)
+    if seqlen_k >= HOPPER_MIN_SEQLEN.get(key, 2**62) and hopper_reason(capability, dtype, head_dim, masked, numel) is None:
+        return "hopper"
+    return "fused" if FUSED_FASTER.get(key, False) else "two_pass"
 
 
 # Register caps for the document-mask variants, (kernel, head dim class, dtype class) -> registers
@@ -329,19 +398,41 @@ DOCUMENT_MAXNREG: dict[tuple[str, str, str], int] = {}
 # on the H200 (fwd+bwd, N=1024..32768, causal and full): see docs/perf-notes.md, v4.
 FUSED_FASTER: dict[tuple[str, str], bool] = {}
 
-SCHEDULES = ("two_pass", "fused", "fastest")
+# The Hopper single-pass backward (backward_hopper.py): its launch settings per (head dim class,
+# dtype class), and from which key length fastest_schedule picks it over the `tl` schedules
+# (H200, bf16, 16 heads, B·N = 16384, causal and full: docs/perf-notes.md, v7).
+HOPPER_BACKWARD: dict[tuple[str, str], HopperConfig] = {
+    ("d64", "16bit"): HopperConfig(STAGES=2, REMAT_DESC=False),
+    ("d128", "16bit"): HopperConfig(STAGES=2, REMAT_DESC=True),
+}
+HOPPER_MIN_SEQLEN: dict[tuple[str, str], int] = {
+    ("d64", "16bit"): 4096,  # ahead at 4096 causal (5 %) and from 8192 (4-13 %); the two passes 4-7 % faster at 1024
+    ("d128", "16bit"): 0,    # ahead from N = 1024 (14-19 %)
+}
+
+SCHEDULES = ("two_pass", "fused", "hopper", "fastest")
 
 
 def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse2: torch.Tensor,
              causal: bool, scale: float, schedule: str = "two_pass", window_size: tuple[int, int] = (-1, -1),
              document_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV) with the table's configs. schedule: "two_pass" (deterministic), "fused" (one
-    pass, dQ summed by atomic adds) or "fastest" (fastest_schedule's pick for these inputs)."""
+    pass, dQ summed by atomic adds), "hopper" (one pass in Gluon, sm_90 only) or "fastest"
+    (fastest_schedule's pick for these inputs)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(map(repr, SCHEDULES))}, got {schedule!r}")
+    masked = tuple(window_size) != (-1, -1) or document_ids is not None
     if schedule == "fastest":
-        schedule = fastest_schedule(q)
+        schedule = fastest_schedule(q, k, masked)
     masks = dict(window_size=window_size, document_ids=document_ids)
+    if schedule == "hopper":
+        reason = hopper_unsupported(q, k, window_size, document_ids)
+        if reason is not None:
+            raise ValueError(f"schedule='hopper' {reason}; use schedule='fastest' to fall back to the Triton kernels")
+        from kernels.flash_attn.backward_hopper import backward_hopper
+
+        config = HOPPER_BACKWARD[_table_key(q.shape[-1], q.dtype)]
+        return backward_hopper(do, q, k, v, lse2, backward_delta(o, do), causal, scale, config)
     if schedule == "fused":
         return backward_fused(do, q, k, v, lse2, backward_delta(o, do), causal, scale, **masks)
     dq, delta = backward_dq(do, q, k, v, o, lse2, causal, scale, **masks)

@@ -227,7 +227,7 @@ def test_deterministic_flag_picks_the_backward(monkeypatch, fastest):
     for name in ("backward_dkdv", "backward_dq", "backward_fused"):
         launcher = getattr(launch, name)
         monkeypatch.setattr(launch, name, lambda *a, _name=name, _launch=launcher, **kw: calls.append(_name) or _launch(*a, **kw))
-    monkeypatch.setattr(launch, "fastest_schedule", lambda q: fastest)
+    monkeypatch.setattr(launch, "fastest_schedule", lambda q, k=None, masked=False: fastest)
     two_pass = ["backward_dq", "backward_dkdv"]  # the dQ pass writes the delta the dK/dV pass reads
     fast = ["backward_fused"] if fastest == "fused" else two_pass
     q, k, v = make_qkv(1, 2, 1, 20, 20, 16, torch.float32)
@@ -249,11 +249,11 @@ def test_fastest_schedule_per_device(monkeypatch):
     assert launch.fastest_schedule(q) == "fused"  # the interpreter: half the programs of the two passes
     monkeypatch.setattr(launch, "interpreting", lambda: False)
     assert launch.fastest_schedule(q) == "two_pass"  # a CPU tensor without the interpreter: no atomics race to win
-    if torch.cuda.is_available():  # a GPU: whatever FUSED_FASTER measured for this head dim and dtype
+    if torch.cuda.is_available():  # a GPU, 4 keys (below HOPPER_MIN_SEQLEN): whatever FUSED_FASTER measured
         on_gpu = q.cuda().bfloat16()
         fused = launch.FUSED_FASTER.get(("d64", "16bit"), False) and torch.cuda.get_device_capability()[0] >= 9
         assert launch.fastest_schedule(on_gpu) == ("fused" if fused else "two_pass")
-    with pytest.raises(ValueError, match="schedule must be one of 'two_pass', 'fused', 'fastest'"):
+    with pytest.raises(ValueError, match="schedule must be one of 'two_pass', 'fused', 'hopper', 'fastest'"):
         launch.backward(q, q, q, q, q, q[..., 0], False, 1.0, schedule="single")
 
 

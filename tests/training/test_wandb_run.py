@@ -2,6 +2,7 @@
 as `wandb sync` would upload it: summary = summary.json, tokens x-axis, unique names, one group per
 sweep, resolved config, train.log, and a resumed run continuing the same wandb run."""
 
+import dataclasses
 import json
 import os
 import re
@@ -9,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from _wandb_file import offline_runs, read_run
 from conftest import REPO, SHRINK, compose_config
 from omegaconf import OmegaConf
@@ -157,3 +159,25 @@ def test_config_holds_resolved_values_and_the_kernel_settings(tmp_path):
     cfg.attention.deterministic = False  # the fastest schedule: in the interpreter, the fused one
     assert set(kernel_settings(cfg, "float32", "cpu")) == {"backward_schedule", "tma", "fwd", "bwd_fused"}
     assert kernel_settings(compose_config("attention=sdpa"), "float32", "cpu") is None
+
+
+def test_kernel_settings_show_the_hopper_backward_where_it_is_picked(monkeypatch):
+    from kernels.flash_attn import launch
+
+    asked = []
+
+    def pick(q, k=None, masked=False):
+        asked.append((q.shape[2], masked))
+        return "hopper"
+
+    monkeypatch.setattr(launch, "fastest_schedule", pick)
+    cfg = compose_config("model=tiny", "seq_len=4096", "attention=flash", "attention.deterministic=false")
+    settings = kernel_settings(cfg, "bfloat16", "cpu")
+    assert asked == [(4096, False)]  # the run's length, unmasked
+    assert settings["backward_schedule"] == "hopper" and set(settings) == {"backward_schedule", "tma", "fwd", "bwd_hopper"}
+    head_dim = cfg.model.n_embd // cfg.model.n_head
+    assert settings["bwd_hopper"] == dataclasses.asdict(launch.HOPPER_BACKWARD[launch._table_key(head_dim, torch.bfloat16)])
+    cfg.attention.window = 256  # a sliding window: the pick is asked for a masked attention
+    asked.clear()
+    kernel_settings(cfg, "bfloat16", "cpu")
+    assert asked == [(4096, True)]

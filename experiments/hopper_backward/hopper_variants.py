@@ -1,0 +1,15 @@
+"""The single-pass kernel's configs this experiment compiles and times (kernels/flash_attn/
+backward_hopper.py): launch.HOPPER_BACKWARD takes hopper_s2_hoist at d=64 and hopper_s2 at d=128."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from kernels.flash_attn.launch import HopperConfig  # noqa: E402
+
+HOPPER_VARIANTS = {
+    "hopper_s2": HopperConfig(STAGES=2),
+    "hopper_s3": HopperConfig(STAGES=3),
+    "hopper_s2_hoist": HopperConfig(STAGES=2, REMAT_DESC=False),  # descriptors hoisted: spills at d=128
+    # 128-row query tiles, FA3's d=64 tile (at d=128 they don't fit shared memory); no spills at d=64 full
+    "hopper_bm128": HopperConfig(BLOCK_M=128, STAGES=2),
+}

@@ -1,0 +1,385 @@
+"""The Hopper fast path for the backward: a single-pass (FlashAttention-3) kernel in Gluon.
+
+What runs where. `launch.backward(schedule="hopper")` runs it, and `schedule="fastest"` (the
+default, `deterministic=False`) picks it on an sm_90 GPU where HOPPER_BACKWARD in launch.py
+measured it ahead. Everywhere else (the CPU interpreter, other GPUs, masks other than causal,
+head dims other than 64 / 128, float32, the deterministic schedule) the portable `tl` kernels in
+backward.py run: they are the reference this kernel is tested against, and the readable version
+of the same steps. Gluon (`triton.experimental.gluon`) exposes what `tl` leaves to the compiler
+and the `tl` backward could not reach: warp specialization, asynchronous wgmma, an mbarrier
+ring, and TMA bulk reduce-add (docs/perf-notes.md, v6-v7).
+
+One program owns BLOCK_N keys of one (batch, kv head); grid (key blocks, Hkv, B). Its steps,
+named as in backward.py's `bwd_kv_kernel` (fused schedule):
+
+    K, V: one TMA load each, resident in shared memory for the whole program
+    for each query tile (BLOCK_M rows of one query head of the GQA group):
+        recompute Sᵀ = K Qᵀ and dPᵀ = V dOᵀ            (async wgmma, both in flight)
+        Pᵀ = exp2(Sᵀ · qk_scale − lse2)                 (causal mask on diagonal tiles only)
+        dSᵀ = Pᵀ ∘ (dPᵀ − delta)
+        dV += Pᵀ dO;  dK += dSᵀ Q                        (Pᵀ, dSᵀ as register operands)
+        dQ share = scale · dS K                          (dSᵀ via shared memory, K resident)
+        dQ[tile rows] += dQ share                        (one TMA bulk reduce-add, float32)
+    dK · scale, dV: cast, stored (rows < Nk)
+
+5 matmuls per tile where the deterministic two passes take 7 (S and dP are recomputed once).
+
+Who does what: a 1-warp producer partition (gl.warp_specialize) issues the TMA loads of Q, dO,
+lse2 and delta into a STAGES-deep shared-memory ring (`ready[s]`: bytes landed, `empty[s]`: the
+consumers are done with slot s). Two consumer warpgroups (8 warps, 64 keys each, FA3's layout)
+run the wgmmas and the softmax arithmetic; they issue the dQ reduce themselves, which then runs
+while the next tile's wgmmas do.
+
+Edges. Descriptors are 2-D over the flattened (B·H·N, d) tensors: a query tile that runs past its
+head's last row reads the next head's rows (or TMA's zero fill at the end). Those rows get
+lse2 = +inf, so Pᵀ = dSᵀ = 0 there and their dQ adds are exact zeros. Key rows past Nk (the last
+key block) must not reach dQ: Pᵀ = 0 there (the causal mask already does it; without it the key
+tail is masked). lse2 / delta go through copies padded per head to a multiple of 32 rows: a 1-D
+TMA box must start 16-byte aligned (an unaligned one stopped the kernel with an illegal instruction).
+
+dQ is a sum of float32 shares in scheduling order: exact, not bitwise repeatable (the
+deterministic schedule is the `tl` two-pass one). Limits: d ∈ {64, 128}, bf16 / fp16, int32
+offsets (B·H·N·d < 2³¹); the launcher makes the inputs contiguous and returns the gradients in
+the inputs' layouts.
+"""
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+from triton._C.libtriton import ir
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+if TYPE_CHECKING:
+    from kernels.flash_attn.launch import HopperConfig
+
+LOG2E = 1.4426950408889634
+
+
+# ----------------------------------------------------------------------------------------------
+# Device helpers
+# ----------------------------------------------------------------------------------------------
+@builtin
+def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """TMA bulk reduce-add of shared-memory tile `src` into the descriptor's tensor at `coord`
+    (cp.reduce.async.bulk.tensor ... .add; completion as for stores: tma.store_wait). Gluon 3.6's
+    hopper.tma has no function for it, but its builder has the op `tl`'s descriptor atomic_add
+    lowers to."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@gluon.jit
+def _tile_row(it, n_m, lo, q_row0, seqlen_q, BLOCK_M: gl.constexpr):
+    """Tile `it` of a program's flat loop over (query head g of the group, query block): the query
+    block's first row m within the head, and that row's index in the flattened (B·Hq·Nq) tensors."""
+    g = it // n_m
+    m = lo + (it - g * n_m) * BLOCK_M
+    return m, q_row0 + g * seqlen_q + m
+
+
+@gluon.jit
+def _zero(it, total, REMAT_DESC: gl.constexpr):
+    """The index of the one-slot K / V / dSᵀ buffers in iteration `it`: 0. REMAT_DESC: it // total,
+    also 0 (it < total) but not loop-invariant to the compiler, so the wgmma shared-memory
+    descriptors built from these views are recomputed in the loop (cheap uniform-register adds)
+    instead of hoisted out of it: hoisted, at head_dim 128 they outgrow the uniform registers and
+    ptxas keeps them in general registers, which then spill."""
+    if REMAT_DESC:
+        z = it // total
+    else:
+        z = 0
+    return z
+
+
+@gluon.jit
+def _query_range(start_n, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """The query blocks a key block visits: [lo, Nq); causal: the diagonal ones, below full_lo, masked
+    (bwd_kv_kernel's causal bounds, bottom-right aligned)."""
+    if CAUSAL:
+        offset = seqlen_k - seqlen_q
+        lo = gl.maximum(start_n - offset, 0) // BLOCK_M * BLOCK_M
+        full_lo = gl.minimum(gl.maximum(lo, gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - offset, 0), BLOCK_M) * BLOCK_M),
+                             seqlen_q)
+    else:
+        lo = 0
+        full_lo = 0
+    return lo, full_lo
+
+
+@gluon.jit
+def _load_tile(descs, rings, ready, s, row, m, seqlen_q, lse_stride):
+    """TMA loads of tile rows [row, row + BLOCK_M) of Q, dO, lse2 and delta into ring slot s
+    (lse2 / delta from the copies padded to lse_stride rows per head)."""
+    q_desc, do_desc, lse_desc, delta_desc = descs
+    q_ring, do_ring, lse_ring, delta_ring = rings
+    bar = ready.index(s)
+    mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                    + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [row, 0], bar, q_ring.index(s))
+    tma.async_copy_global_to_shared(do_desc, [row, 0], bar, do_ring.index(s))
+    lrow = (row - m) // seqlen_q * lse_stride + m
+    tma.async_copy_global_to_shared(lse_desc, [lrow], bar, lse_ring.index(s))
+    tma.async_copy_global_to_shared(delta_desc, [lrow], bar, delta_ring.index(s))
+
+
+@gluon.jit
+def _producer(descs, rings, ready, empty, n_m, lo, q_row0, seqlen_q, lse_stride, total,
+              BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+    """The load warp: fill slot it % STAGES once the consumers released its previous tile."""
+    for it in range(total):
+        s = it % STAGES
+        # the (it // STAGES)-th fill of slot s waits for release number it // STAGES − 1:
+        # parity ((it // STAGES) & 1) ^ 1, which a fresh barrier passes at once
+        mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+        m, row = _tile_row(it, n_m, lo, q_row0, seqlen_q, BLOCK_M)
+        _load_tile(descs, rings, ready, s, row, m, seqlen_q, lse_stride)
+
+
+@gluon.jit
+def _tile_grads(k_smem, v_smem, q_s, do_s, lse_s, delta_s, dk, dv, m, full_lo, key_tail, offs_n, offs_m0,
+                seqlen_q, seqlen_k, qk_scale, s_layout: gl.constexpr, a_layout: gl.constexpr,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, MASK_KEYS: gl.constexpr):
+    """One query tile up to dK / dV: recompute Sᵀ, Pᵀ, dPᵀ, dSᵀ; issue dV += Pᵀ dO and dK += dSᵀ Q
+    (async, left in flight). Returns (dk, dv) and dSᵀ in the input dtype. MASK_KEYS (a kernel whose
+    dQ sums over the keys): on the last key block (key_tail), Pᵀ = 0 on key rows ≥ Nk."""
+    ELEM: gl.constexpr = k_smem.dtype
+    rows = m + offs_m0
+    zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+    # recompute Sᵀ and dPᵀ: both wgmmas in flight at once
+    s_t = warpgroup_mma(k_smem, q_s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    dp_t = warpgroup_mma(v_smem, do_s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    s_t = warpgroup_mma_wait(1, deps=(s_t,))
+    # rows past Nq (the next head's, or TMA's zero fill) get lse2 = +inf: Pᵀ = 0 there
+    lse2 = gl.where(rows < seqlen_q, lse_s.load(gl.SliceLayout(0, s_layout)), float("inf"))
+    p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
+    if CAUSAL:
+        if m < full_lo:  # a diagonal tile: query row i sees key j iff j <= i + offset (hence j < Nk)
+            p_t = gl.where(offs_n[:, None] <= rows[None, :] + (seqlen_k - seqlen_q), p_t, 0.0)
+    elif MASK_KEYS:
+        if key_tail:  # the last key block: rows past Nk hold the next head's keys (or TMA's zeros)
+            p_t = gl.where(offs_n[:, None] < seqlen_k, p_t, 0.0)
+    dp_t = warpgroup_mma_wait(0, deps=(dp_t,))
+    delta = delta_s.load(gl.SliceLayout(0, s_layout))
+    ds_t = p_t * (dp_t - delta[None, :])
+    dv = warpgroup_mma(gl.convert_layout(p_t.to(ELEM), a_layout), do_s, dv, is_async=True)
+    ds_t = ds_t.to(ELEM)
+    dk = warpgroup_mma(gl.convert_layout(ds_t, a_layout), q_s, dk, is_async=True)
+    return dk, dv, ds_t
+
+
+@gluon.jit
+def _store_kv(dk, dv, DK, DV, kv_row0, start_n, seqlen_k, softmax_scale, out_layout: gl.constexpr,
+              HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Epilogue: dK·scale and dV, cast, rows < Nk of this key block, stored from out_layout."""
+    ELEM: gl.constexpr = DK.dtype.element_ty
+    offs_on = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, out_layout))
+    offs_od = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, out_layout))
+    ptr_off = (kv_row0 + offs_on)[:, None] * HEAD_DIM + offs_od[None, :]
+    ok = (offs_on < seqlen_k)[:, None] & (offs_od < HEAD_DIM)[None, :]
+    gl.store(DK + ptr_off, gl.convert_layout((dk * softmax_scale).to(ELEM), out_layout), mask=ok)
+    gl.store(DV + ptr_off, gl.convert_layout(dv.to(ELEM), out_layout), mask=ok)
+
+
+# Sᵀ / dPᵀ (BLOCK_N, BLOCK_M) and dK / dV (BLOCK_N, HEAD_DIM) accumulators, keys along the warps;
+# Pᵀ and dSᵀ as register A operands of the dV / dK wgmmas (the accumulator's own registers)
+@gluon.constexpr_function
+def s_layout_for(BLOCK_M, num_warps):
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16])
+
+
+@gluon.constexpr_function
+def kv_layout_for(HEAD_DIM, num_warps):
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16])
+
+
+@gluon.constexpr_function
+def a_layout_for(HEAD_DIM, num_warps):
+    return gl.DotOperandLayout(operand_index=0, parent=kv_layout_for(HEAD_DIM, num_warps), k_width=2)
+
+
+# ----------------------------------------------------------------------------------------------
+# The kernel
+# ----------------------------------------------------------------------------------------------
+@gluon.jit
+def _consumer(descs, rings, k_smem, v_smem, ds_smem, dq_smem, ready, empty, dq_desc, DK, DV,
+              n_m, lo, full_lo, q_row0, seqlen_q, seqlen_k, kv_row0, start_n, total, qk_scale, softmax_scale,
+              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              CAUSAL: gl.constexpr, REMAT_DESC: gl.constexpr, num_warps: gl.constexpr):
+    q_ring, do_ring, lse_ring, delta_ring = rings
+    s_layout: gl.constexpr = s_layout_for(BLOCK_M, num_warps)
+    kv_layout: gl.constexpr = kv_layout_for(HEAD_DIM, num_warps)
+    a_layout: gl.constexpr = a_layout_for(HEAD_DIM, num_warps)
+    # dQ tile (BLOCK_M, HEAD_DIM): one warpgroup along the rows, the warpgroups split the columns
+    # (so each reads the other's rows of dSᵀ from shared memory)
+    WG: gl.constexpr = num_warps // 4
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WG],
+                                                        instr_shape=[16, HEAD_DIM // WG, 16])
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    zero_dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
+    offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))  # per key (a row of Sᵀ)
+    offs_m0 = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))  # per query row (a column of Sᵀ)
+    key_tail = start_n + BLOCK_N > seqlen_k
+
+    for it in range(total):
+        s = it % STAGES
+        m, row = _tile_row(it, n_m, lo, q_row0, seqlen_q, BLOCK_M)
+        mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+        z = _zero(it, total, REMAT_DESC)
+        k_cur = k_smem.index(z)
+        ds_cur = ds_smem.index(z)
+        dk, dv, ds_t = _tile_grads(k_cur, v_smem.index(z), q_ring.index(s), do_ring.index(s), lse_ring.index(s),
+                                   delta_ring.index(s), dk, dv, m, full_lo, key_tail, offs_n, offs_m0,
+                                   seqlen_q, seqlen_k, qk_scale, s_layout, a_layout, BLOCK_M, BLOCK_N, CAUSAL, True)
+        # dQ share = dS K: dSᵀ to shared memory, its transposed view as the wgmma's A operand
+        ds_cur.store(ds_t)
+        fence_async_shared()
+        dq = warpgroup_mma(ds_cur.permute((1, 0)), k_cur, zero_dq, use_acc=False, is_async=True)
+        dk, dv, dq = warpgroup_mma_wait(0, deps=(dk, dv, dq))  # this tile's wgmmas are done: its slot is free
+        # Triton's membar pass puts a partition-wide barrier before this one-thread arrive, so both
+        # warpgroups are past their reads of the slot
+        mbarrier.arrive(empty.index(s))
+        dq = dq * softmax_scale
+        tma.store_wait(0)  # the previous tile's reduce has read the buffer
+        dq_smem.store(dq)
+        fence_async_shared()
+        _tma_reduce_add(dq_desc, [row, 0], dq_smem)
+    tma.store_wait(0)
+    # stored from the accumulator layout itself: a convert_layout would need BLOCK_N × HEAD_DIM × 2
+    # bytes of scratch that warp specialization keeps apart from the ring
+    _store_kv(dk, dv, DK, DV, kv_row0, start_n, seqlen_k, softmax_scale, kv_layout, HEAD_DIM, BLOCK_N)
+
+
+# lengths and head counts are not specialized (no recompiles for N == 1 or N % 16 == 0)
+@gluon.jit(do_not_specialize=["heads_q", "heads_kv", "seqlen_q", "seqlen_k", "lse_stride"])
+def bwd_hopper_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, dq_desc, DK, DV,
+                      heads_q, heads_kv, seqlen_q, seqlen_k, lse_stride, qk_scale, softmax_scale,
+                      HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      STAGES: gl.constexpr, CAUSAL: gl.constexpr, REMAT_DESC: gl.constexpr,
+                      num_warps: gl.constexpr):
+    pid_n = gl.program_id(0)  # grid (key blocks, kv heads, batch)
+    kvh = gl.program_id(1)
+    b = gl.program_id(2)
+    start_n = pid_n * BLOCK_N
+    group = heads_q // heads_kv
+    kv_row0 = (b * heads_kv + kvh) * seqlen_k  # this head's first row in the flattened K, V, dK, dV
+    q_row0 = (b * heads_q + kvh * group) * seqlen_q  # the group's first row in flattened Q, dO, dQ
+    lo, full_lo = _query_range(start_n, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+    n_m = gl.cdiv(seqlen_q - lo, BLOCK_M)
+    total = group * n_m  # flat loop over (query head of the group, query block)
+
+    # shared memory: K, V (resident; [1, ...] for _zero's views), the Q / dO / lse2 / delta ring,
+    # dSᵀ for the dQ wgmma, the float32 dQ tile for the bulk reduce, barriers
+    ELEM: gl.constexpr = k_desc.dtype
+    k_smem = gl.allocate_shared_memory(ELEM, [1, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(ELEM, [1, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_ring = gl.allocate_shared_memory(ELEM, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_ring = gl.allocate_shared_memory(ELEM, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    lse_ring = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], lse_desc.layout)
+    delta_ring = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], delta_desc.layout)
+    ds_smem = gl.allocate_shared_memory(ELEM, [1, BLOCK_N, BLOCK_M], gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], ELEM))
+    dq_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, HEAD_DIM], dq_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    mbarrier.init(kv_bar, count=1)
+    fence_async_shared()
+    descs = (q_desc, do_desc, lse_desc, delta_desc)
+    rings = (q_ring, do_ring, lse_ring, delta_ring)
+
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [kv_row0 + start_n, 0], kv_bar, k_smem.index(0))
+    tma.async_copy_global_to_shared(v_desc, [kv_row0 + start_n, 0], kv_bar, v_smem.index(0))
+    mbarrier.wait(kv_bar, 0)
+
+    gl.warp_specialize([
+        (_consumer, (descs, rings, k_smem, v_smem, ds_smem, dq_smem, ready, empty, dq_desc, DK, DV,
+                     n_m, lo, full_lo, q_row0, seqlen_q, seqlen_k, kv_row0, start_n, total, qk_scale, softmax_scale,
+                     HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, REMAT_DESC, num_warps)),
+        (_producer, (descs, rings, ready, empty, n_m, lo, q_row0, seqlen_q, lse_stride, total, BLOCK_M, STAGES)),
+    ], [1], [24])  # the producer: 1 warp, 24 registers (Triton pads it to a warpgroup; the consumers get the rest)
+
+
+# ----------------------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------------------
+def gl_dtype(torch_dtype: torch.dtype):
+    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[torch_dtype]
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_layout(box: tuple[int, ...], elem) -> gl.NVMMASharedLayout:
+    # cached: working the layout out again cost ~10 µs of host time per descriptor
+    return gl.NVMMASharedLayout.get_default_for(list(box), elem)
+
+
+def tma_desc(t: torch.Tensor, block_rows: int, elem) -> TensorDescriptor:
+    """A 2-D descriptor over contiguous t viewed as (rows, last dim), box (block_rows, last dim)."""
+    box = (block_rows, t.shape[-1])
+    return TensorDescriptor.from_tensor(t.view(-1, t.shape[-1]), list(box), _smem_layout(box, elem))
+
+
+def row_descs(lse2: torch.Tensor, delta: torch.Tensor, block_m: int) -> tuple[TensorDescriptor, TensorDescriptor, int]:
+    """1-D TMA descriptors (box block_m) over lse2 and delta, each head's rows padded to a multiple
+    of 32 (16-byte aligned box starts; no copy when Nq % 32 == 0), and that row stride."""
+    batch, heads_q, seqlen_q = lse2.shape
+    stride = triton.cdiv(seqlen_q, 32) * 32
+    if stride != seqlen_q:
+        padded = torch.zeros(2, batch, heads_q, stride, device=lse2.device, dtype=torch.float32)
+        padded[0, ..., :seqlen_q] = lse2
+        padded[1, ..., :seqlen_q] = delta
+        lse2, delta = padded[0], padded[1]
+    layout = _smem_layout((block_m,), gl.float32)
+    lse2, delta = lse2.contiguous(), delta.contiguous()
+    return (TensorDescriptor.from_tensor(lse2.view(-1), [block_m], layout),
+            TensorDescriptor.from_tensor(delta.view(-1), [block_m], layout), stride)
+
+
+def backward_hopper(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse2: torch.Tensor,
+                    delta: torch.Tensor, causal: bool, scale: float,
+                    config: HopperConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ, dK, dV) in one pass. q, do (B, Hq, Nq, d), k, v (B, Hkv, Nk, d), bf16 / fp16, d 64 or 128
+    (launch.hopper_ok checks the rest); lse2 (base 2) from launch.forward; delta =
+    launch.backward_delta(o, do)."""
+    batch, heads_q, seqlen_q, head_dim = q.shape
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    elem = gl_dtype(q.dtype)
+    inputs = q, k, v
+    # 2-D descriptors need each head's rows back to back (the model's q, k, v are strided views)
+    q, k, v, do = (t.contiguous() for t in (q, k, v, do))
+    lse_desc, delta_desc, lse_stride = row_descs(lse2, delta, config.BLOCK_M)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+    bm, bn = config.BLOCK_M, config.BLOCK_N
+    bwd_hopper_kernel[(triton.cdiv(seqlen_k, bn), heads_kv, batch)](
+        tma_desc(q, bm, elem), tma_desc(do, bm, elem), tma_desc(k, bn, elem), tma_desc(v, bn, elem), lse_desc, delta_desc,
+        tma_desc(dq_acc, bm, gl.float32), dk, dv, heads_q, heads_kv, seqlen_q, seqlen_k, lse_stride,
+        scale * LOG2E, scale, HEAD_DIM=head_dim, BLOCK_M=bm, BLOCK_N=bn, STAGES=config.STAGES, CAUSAL=causal,
+        REMAT_DESC=config.REMAT_DESC, num_warps=config.num_warps,
+    )
+    return tuple(_like(grad, x) for grad, x in zip((dq_acc, dk, dv), inputs))
+
+
+def _like(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """grad in x's dtype and memory layout (torch.empty_like's), as the `tl` launchers return it and
+    the custom op's fake kernel promises it to torch.compile."""
+    out = torch.empty_like(x)
+    if grad.dtype == x.dtype and grad.stride() == out.stride():
+        return grad
+    return out.copy_(grad)

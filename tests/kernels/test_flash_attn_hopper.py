@@ -1,0 +1,170 @@
+"""The Hopper single-pass backward (kernels/flash_attn/backward_hopper.py, Gluon).
+
+On CPU: when the launcher may and must not pick it, and what a user who forces it where it can't
+run is told. On an sm_90 GPU: the float64 exactness rule over head dims 64 / 128, fp16 / bf16,
+causal both ways, MHA / GQA / MQA, lengths that are not multiples of the blocks and Nq ≠ Nk,
+strided inputs as the model passes them, and that `deterministic=False` runs it where it is picked.
+"""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from _attention_checks import DEVICE, check_against_reference, make_qkv
+
+from kernels import flash_attention
+from kernels.flash_attn import launch
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+MIN_D64 = launch.HOPPER_MIN_SEQLEN[("d64", "16bit")]
+
+
+# ----------------------------------------------------------------------------------------------
+# Dispatch (CPU): the rules on plain facts
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("capability,dtype,head_dim,masked,numel,reason", [
+    (None, BF16, 64, False, 1, "CUDA GPU only"),
+    ((8, 0), BF16, 64, False, 1, "sm_90 GPU"),
+    ((10, 0), BF16, 128, False, 1, "sm_90 GPU"),  # Blackwell has no wgmma
+    ((9, 0), FP32, 64, False, 1, "float16 / bfloat16"),
+    ((9, 0), BF16, 80, False, 1, "head_dim 64 or 128, got 80"),
+    ((9, 0), FP16, 256, False, 1, "head_dim 64 or 128"),
+    ((9, 0), BF16, 64, True, 1, "no sliding window"),
+    ((9, 0), BF16, 64, False, 2**31, "below 2³¹"),
+])
+def test_hopper_reason_names_what_to_change(capability, dtype, head_dim, masked, numel, reason):
+    assert reason in launch.hopper_reason(capability, dtype, head_dim, masked, numel)
+
+
+def test_hopper_reason_accepts_what_the_kernel_takes(monkeypatch):
+    monkeypatch.setattr(launch, "_gluon_available", lambda: True)
+    for dtype, head_dim in itertools.product((BF16, FP16), (64, 128)):
+        assert launch.hopper_reason((9, 0), dtype, head_dim, False, 2**31 - 1) is None
+    monkeypatch.setattr(launch, "_gluon_available", lambda: False)
+    assert "triton.experimental.gluon" in launch.hopper_reason((9, 0), BF16, 64, False, 1)
+
+
+@pytest.mark.parametrize("capability,dtype,head_dim,seqlen_k,masked,expected", [
+    ((9, 0), BF16, 64, MIN_D64, False, "hopper"),
+    ((9, 0), FP16, 128, 1, False, "hopper"),           # d=128: ahead from the shortest length measured
+    ((9, 0), BF16, 64, MIN_D64 - 1, False, "two_pass"),  # short d=64: the two passes measured faster
+    ((9, 0), BF16, 64, 8192, True, "two_pass"),         # windows / documents: the `tl` kernels
+    ((9, 0), BF16, 96, 8192, False, "two_pass"),
+    ((9, 0), FP32, 64, 8192, False, "two_pass"),
+    ((8, 0), BF16, 64, 8192, False, "two_pass"),
+    ((10, 0), BF16, 64, 8192, False, "two_pass"),
+])
+def test_gpu_schedule_picks_hopper_where_measured_ahead(monkeypatch, capability, dtype, head_dim, seqlen_k, masked, expected):
+    monkeypatch.setattr(launch, "_gluon_available", lambda: True)
+    monkeypatch.setattr(launch, "FUSED_FASTER", {})
+    assert launch.gpu_schedule(capability, dtype, head_dim, seqlen_k, masked, 1) == expected
+
+
+def test_forcing_hopper_where_it_cannot_run_says_why():
+    q, k, v = make_qkv(1, 1, 1, 8, 8, 64, BF16 if DEVICE == "cuda" else FP32, requires_grad=False)
+    o, lse2 = launch.forward(q, k, v, False, 0.125)
+    reason = launch.hopper_unsupported(q, k)
+    if reason is None:
+        pytest.skip("this GPU runs the Hopper kernel: nothing to refuse")
+    with pytest.raises(ValueError, match="schedule='hopper' .*schedule='fastest'"):
+        launch.backward(o, q, k, v, o, lse2, False, 0.125, schedule="hopper")
+
+
+# ----------------------------------------------------------------------------------------------
+# On an sm_90 GPU
+# ----------------------------------------------------------------------------------------------
+on_hopper = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
+    or launch.hopper_reason((9, 0), BF16, 64, False, 1) is not None,
+    reason="needs an sm_90 GPU and a triton with Gluon's Hopper API",
+)
+
+SHAPES = [(1, 1), (17, 239), (77, 77), (255, 1024), (1024, 255), (1000, 1000), (300, 2100)]
+HEADS = [(4, 4), (4, 2), (4, 1)]  # MHA, GQA, MQA
+
+
+def _gpu_cases():
+    for i, (d, dtype, causal, (nq, nk)) in enumerate(itertools.product((64, 128), (BF16, FP16), (False, True), SHAPES)):
+        heads = HEADS[i % len(HEADS)]
+        yield pytest.param(d, dtype, causal, nq, nk, heads,
+                           id=f"d{d}-{str(dtype)[6:]}-{'causal' if causal else 'full'}-q{nq}-k{nk}-h{heads[0]}:{heads[1]}")
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("head_dim,dtype,causal,seqlen_q,seqlen_k,heads", list(_gpu_cases()))
+def test_hopper_backward_is_exact(head_dim, dtype, causal, seqlen_q, seqlen_k, heads):
+    q, k, v = make_qkv(2, heads[0], heads[1], seqlen_q, seqlen_k, head_dim, dtype)
+    check_against_reference(q, k, v, causal, schedule="hopper")
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_hopper_backward_takes_the_models_strided_views(head_dim):
+    # the model's q, k, v are views of one (B, N, 3, H, D) projection: not contiguous per head
+    batch, seqlen, heads = 2, 333, 4
+    qkv = torch.randn(batch, seqlen, 3, heads, head_dim, device="cuda", dtype=BF16)
+    q, k, v = (t.detach().requires_grad_() for t in qkv.permute(2, 0, 3, 1, 4))
+    assert not q.is_contiguous()
+    check_against_reference(q, k, v, True, schedule="hopper")
+
+
+@pytest.mark.gpu
+@on_hopper
+def test_default_backward_runs_hopper_where_picked(monkeypatch):
+    from kernels.flash_attn import backward_hopper
+
+    calls = []
+    kernel = backward_hopper.backward_hopper
+    monkeypatch.setattr(backward_hopper, "backward_hopper", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
+    for seqlen, picked in ((MIN_D64, True), (MIN_D64 // 2, False)):
+        calls.clear()
+        q, k, v = make_qkv(1, 2, 2, seqlen, seqlen, 64, BF16)
+        flash_attention(q, k, v, causal=True, deterministic=False).sum().backward()
+        assert bool(calls) == picked, seqlen
+        calls.clear()
+        flash_attention(q, k, v, causal=True, deterministic=True).sum().backward()
+        assert not calls  # the deterministic schedule is the `tl` two-pass one
+
+
+@pytest.mark.gpu
+@on_hopper
+def test_hopper_backward_returns_the_layouts_the_fake_kernel_promises():
+    # torch.compile trusts the op's fake kernel (torch.empty_like of q, k, v): the real gradients
+    # must come back in those layouts, whatever layout the inputs arrive in
+    from kernels.flash_attn.op import flash_attn_bwd, flash_attn_fwd
+
+    batch, seqlen, heads, head_dim = 2, 333, 4, 64
+    projected = torch.randn(batch, seqlen, 3, heads, head_dim, device="cuda", dtype=BF16)
+    strided = projected.permute(2, 0, 3, 1, 4)  # the model's views: not dense
+    dense_bnhd = torch.randn(3, batch, seqlen, heads, head_dim, device="cuda", dtype=BF16).transpose(2, 3)  # dense, permuted
+    for q, k, v in (strided, dense_bnhd, [t.contiguous() for t in strided]):
+        o, lse2 = flash_attn_fwd(q, k, v, True, head_dim ** -0.5, "hopper")
+        do = torch.randn_like(o)
+        grads = flash_attn_bwd(do, q, k, v, o, lse2, True, head_dim ** -0.5, "hopper")
+        for grad, x in zip(grads, (q, k, v)):
+            like = torch.empty_like(x)
+            assert grad.dtype == x.dtype and grad.shape == x.shape and grad.stride() == like.stride()
+        torch.library.opcheck(torch.ops.flashgpt.flash_attn_bwd.default,
+                              (do, q, k, v, o, lse2, True, head_dim ** -0.5, "hopper"), test_utils=("test_faketensor",))
+
+
+@pytest.mark.gpu
+@on_hopper
+def test_hopper_backward_under_torch_compile():
+    # the trainer's path: compiled model, q, k, v as views of one projection, the default schedule
+    projected = torch.randn(1, 4096, 3, 2, 64, device="cuda", dtype=BF16, requires_grad=True)
+
+    def attend(x):
+        q, k, v = x.permute(2, 0, 3, 1, 4)
+        return flash_attention(q, k, v, causal=True, deterministic=False).transpose(1, 2).sum()
+
+    compiled = torch.compile(attend, fullgraph=True)
+    compiled(projected).backward()
+    grad_compiled = projected.grad.clone()
+    projected.grad = None
+    attend(projected).backward()
+    # the dQ sums run in scheduling order: equal up to float32 reordering, rounded to bf16
+    torch.testing.assert_close(grad_compiled, projected.grad, rtol=2e-2, atol=2e-2)
