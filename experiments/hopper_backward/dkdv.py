@@ -130,7 +130,8 @@ def _consumer(descs, rings, k_smem, v_smem, ready, empty, DK, DV,
         _release(descs, rings, ready, empty, it, n_m, lo, q_row0, seqlen_q, lse_stride, total, BLOCK_M, STAGES, WS)
     # through a store-friendly blocked layout (the convert_layout's shared scratch is not the ring's)
     out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // HEAD_DIM, HEAD_DIM // 8], [num_warps, 1], [1, 0])
-    _store_kv(dk, dv, DK, DV, kv_row0, start_n, seqlen_k, softmax_scale, out_layout, HEAD_DIM, BLOCK_N)
+    _store_kv(dk, dv, DK + kv_row0 * HEAD_DIM, DV + kv_row0 * HEAD_DIM, HEAD_DIM, HEAD_DIM, start_n, seqlen_k,
+              softmax_scale, out_layout, HEAD_DIM, BLOCK_N)
 
 
 # lengths and head counts are not specialized (no recompiles for N == 1 or N % 16 == 0)

@@ -181,16 +181,17 @@ def _tile_grads(k_smem, v_smem, q_s, do_s, lse_s, delta_s, dk, dv, m, full_lo, k
 
 
 @gluon.jit
-def _store_kv(dk, dv, DK, DV, kv_row0, start_n, seqlen_k, softmax_scale, out_layout: gl.constexpr,
+def _store_kv(dk, dv, DK, DV, stride_dk_n, stride_dv_n, start_n, seqlen_k, softmax_scale, out_layout: gl.constexpr,
               HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Epilogue: dK·scale and dV, cast, rows < Nk of this key block, stored from out_layout."""
+    """Epilogue: dK·scale and dV, cast, rows < Nk of this key block, stored from out_layout. DK, DV
+    point at the head's first row; rows are stride_*_n apart (any layout with unit stride along d)."""
     ELEM: gl.constexpr = DK.dtype.element_ty
     offs_on = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, out_layout))
     offs_od = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, out_layout))
-    ptr_off = (kv_row0 + offs_on)[:, None] * HEAD_DIM + offs_od[None, :]
     ok = (offs_on < seqlen_k)[:, None] & (offs_od < HEAD_DIM)[None, :]
-    gl.store(DK + ptr_off, gl.convert_layout((dk * softmax_scale).to(ELEM), out_layout), mask=ok)
-    gl.store(DV + ptr_off, gl.convert_layout(dv.to(ELEM), out_layout), mask=ok)
+    gl.store(DK + offs_on[:, None] * stride_dk_n + offs_od[None, :],
+             gl.convert_layout((dk * softmax_scale).to(ELEM), out_layout), mask=ok)
+    gl.store(DV + offs_on[:, None] * stride_dv_n + offs_od[None, :], gl.convert_layout(dv.to(ELEM), out_layout), mask=ok)
 
 
 # Sᵀ / dPᵀ (BLOCK_N, BLOCK_M) and dK / dV (BLOCK_N, HEAD_DIM) accumulators, keys along the warps;
@@ -214,8 +215,8 @@ def a_layout_for(HEAD_DIM, num_warps):
 # The kernel
 # ----------------------------------------------------------------------------------------------
 @gluon.jit
-def _consumer(descs, rings, k_smem, v_smem, ds_smem, dq_smem, ready, empty, dq_desc, DK, DV,
-              n_m, lo, full_lo, q_row0, seqlen_q, seqlen_k, kv_row0, start_n, total, qk_scale, softmax_scale,
+def _consumer(descs, rings, k_smem, v_smem, ds_smem, dq_smem, ready, empty, dq_desc, DK, DV, stride_dk_n, stride_dv_n,
+              n_m, lo, full_lo, q_row0, seqlen_q, seqlen_k, start_n, total, qk_scale, softmax_scale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, REMAT_DESC: gl.constexpr, num_warps: gl.constexpr):
     q_ring, do_ring, lse_ring, delta_ring = rings
@@ -260,13 +261,13 @@ def _consumer(descs, rings, k_smem, v_smem, ds_smem, dq_smem, ready, empty, dq_d
     tma.store_wait(0)
     # stored from the accumulator layout itself: a convert_layout would need BLOCK_N × HEAD_DIM × 2
     # bytes of scratch that warp specialization keeps apart from the ring
-    _store_kv(dk, dv, DK, DV, kv_row0, start_n, seqlen_k, softmax_scale, kv_layout, HEAD_DIM, BLOCK_N)
+    _store_kv(dk, dv, DK, DV, stride_dk_n, stride_dv_n, start_n, seqlen_k, softmax_scale, kv_layout, HEAD_DIM, BLOCK_N)
 
 
 # lengths and head counts are not specialized (no recompiles for N == 1 or N % 16 == 0)
 @gluon.jit(do_not_specialize=["heads_q", "heads_kv", "seqlen_q", "seqlen_k", "lse_stride"])
 def bwd_hopper_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, dq_desc, DK, DV,
-                      heads_q, heads_kv, seqlen_q, seqlen_k, lse_stride, qk_scale, softmax_scale,
+                      stride_dk_b, stride_dk_h, stride_dk_n, stride_dv_b, stride_dv_h, stride_dv_n, heads_q, heads_kv, seqlen_q, seqlen_k, lse_stride, qk_scale, softmax_scale,
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, CAUSAL: gl.constexpr, REMAT_DESC: gl.constexpr,
                       num_warps: gl.constexpr):
@@ -275,7 +276,9 @@ def bwd_hopper_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, dq_
     b = gl.program_id(2)
     start_n = pid_n * BLOCK_N
     group = heads_q // heads_kv
-    kv_row0 = (b * heads_kv + kvh) * seqlen_k  # this head's first row in the flattened K, V, dK, dV
+    kv_row0 = (b * heads_kv + kvh) * seqlen_k  # this head's first row in the flattened K, V
+    DK += b * stride_dk_b + kvh * stride_dk_h  # dK, dV: this head, in the layout the caller's k, v have
+    DV += b * stride_dv_b + kvh * stride_dv_h
     q_row0 = (b * heads_q + kvh * group) * seqlen_q  # the group's first row in flattened Q, dO, dQ
     lo, full_lo = _query_range(start_n, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
     n_m = gl.cdiv(seqlen_q - lo, BLOCK_M)
@@ -309,8 +312,8 @@ def bwd_hopper_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, dq_
     mbarrier.wait(kv_bar, 0)
 
     gl.warp_specialize([
-        (_consumer, (descs, rings, k_smem, v_smem, ds_smem, dq_smem, ready, empty, dq_desc, DK, DV,
-                     n_m, lo, full_lo, q_row0, seqlen_q, seqlen_k, kv_row0, start_n, total, qk_scale, softmax_scale,
+        (_consumer, (descs, rings, k_smem, v_smem, ds_smem, dq_smem, ready, empty, dq_desc, DK, DV, stride_dk_n,
+                     stride_dv_n, n_m, lo, full_lo, q_row0, seqlen_q, seqlen_k, start_n, total, qk_scale, softmax_scale,
                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, REMAT_DESC, num_warps)),
         (_producer, (descs, rings, ready, empty, n_m, lo, q_row0, seqlen_q, lse_stride, total, BLOCK_M, STAGES)),
     ], [1], [24])  # the producer: 1 warp, 24 registers (Triton pads it to a warpgroup; the consumers get the rest)
@@ -360,26 +363,33 @@ def backward_hopper(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     elem = gl_dtype(q.dtype)
-    inputs = q, k, v
-    # 2-D descriptors need each head's rows back to back (the model's q, k, v are strided views)
+    # dK, dV in k's and v's layouts (the kernel stores them by pointer), as the `tl` launchers
+    # return them and the custom op's fake kernel (torch.empty_like) promises them to torch.compile
+    dk, dv = (_grad_buffer(t) for t in (k, v))
+    q_in, k_in, v_in = q, k, v
+    # 2-D descriptors need each head's rows back to back (the model's q, k, v are strided views:
+    # these copies cost what the single pass saves at N ≈ 8K, docs/perf-notes.md v7)
     q, k, v, do = (t.contiguous() for t in (q, k, v, do))
     lse_desc, delta_desc, lse_stride = row_descs(lse2, delta, config.BLOCK_M)
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
     dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     bm, bn = config.BLOCK_M, config.BLOCK_N
     bwd_hopper_kernel[(triton.cdiv(seqlen_k, bn), heads_kv, batch)](
         tma_desc(q, bm, elem), tma_desc(do, bm, elem), tma_desc(k, bn, elem), tma_desc(v, bn, elem), lse_desc, delta_desc,
-        tma_desc(dq_acc, bm, gl.float32), dk, dv, heads_q, heads_kv, seqlen_q, seqlen_k, lse_stride,
+        tma_desc(dq_acc, bm, gl.float32), dk, dv, *dk.stride()[:3], *dv.stride()[:3], heads_q, heads_kv, seqlen_q, seqlen_k, lse_stride,
         scale * LOG2E, scale, HEAD_DIM=head_dim, BLOCK_M=bm, BLOCK_N=bn, STAGES=config.STAGES, CAUSAL=causal,
         REMAT_DESC=config.REMAT_DESC, num_warps=config.num_warps,
     )
-    return tuple(_like(grad, x) for grad, x in zip((dq_acc, dk, dv), inputs))
+    # the cast to q's dtype writes q's layout in the same pass
+    return torch.empty_like(q_in).copy_(dq_acc), _in_layout(dk, k_in), _in_layout(dv, v_in)
 
 
-def _like(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """grad in x's dtype and memory layout (torch.empty_like's), as the `tl` launchers return it and
-    the custom op's fake kernel promises it to torch.compile."""
+def _grad_buffer(x: torch.Tensor) -> torch.Tensor:
+    """Where the kernel stores x's gradient: torch.empty_like(x), unless that is strided along
+    head_dim (the stores assume unit stride there): then a contiguous buffer."""
     out = torch.empty_like(x)
-    if grad.dtype == x.dtype and grad.stride() == out.stride():
-        return grad
-    return out.copy_(grad)
+    return out if out.stride(-1) == 1 else torch.empty(x.shape, device=x.device, dtype=x.dtype)
+
+
+def _in_layout(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(x)
+    return grad if grad.stride() == out.stride() else out.copy_(grad)

@@ -102,11 +102,19 @@ def test_hopper_backward_is_exact(head_dim, dtype, causal, seqlen_q, seqlen_k, h
 @pytest.mark.gpu
 @on_hopper
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_hopper_backward_takes_the_models_strided_views(head_dim):
-    # the model's q, k, v are views of one (B, N, 3, H, D) projection: not contiguous per head
+@pytest.mark.parametrize("layout", ["qkv_views", "bnhd", "d_strided"])
+def test_hopper_backward_takes_strided_inputs(head_dim, layout):
+    # qkv_views: the model's q, k, v, views of one (B, N, 3, H, D) projection (not dense);
+    # bnhd: dense (B, N, H, D) tensors seen as (B, H, N, D), as torch.compile may hand them over;
+    # d_strided: head_dim not the unit-stride dimension
     batch, seqlen, heads = 2, 333, 4
-    qkv = torch.randn(batch, seqlen, 3, heads, head_dim, device="cuda", dtype=BF16)
-    q, k, v = (t.detach().requires_grad_() for t in qkv.permute(2, 0, 3, 1, 4))
+    if layout == "qkv_views":
+        qkv = torch.randn(batch, seqlen, 3, heads, head_dim, device="cuda", dtype=BF16).permute(2, 0, 3, 1, 4)
+    elif layout == "bnhd":
+        qkv = torch.randn(3, batch, seqlen, heads, head_dim, device="cuda", dtype=BF16).transpose(2, 3)
+    else:
+        qkv = torch.randn(3, batch, heads, head_dim, seqlen, device="cuda", dtype=BF16).transpose(3, 4)
+    q, k, v = (t.detach().requires_grad_() for t in qkv)
     assert not q.is_contiguous()
     check_against_reference(q, k, v, True, schedule="hopper")
 
