@@ -52,9 +52,10 @@ def compile_variant(kernel: str, name: str, head_dim: int, causal: bool, dtype_s
     cfg = dict(variants[name])
     elem = gl.bfloat16 if dtype_str == "bf16" else gl.float16
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    lead = (1, 1) if cfg.get("STRIDED") else ()  # STRIDED: 4-D boxes over (B, H, N, d)
     descs = {
-        "q_desc": _desc(dtype_str, elem, (bm, head_dim)), "do_desc": _desc(dtype_str, elem, (bm, head_dim)),
-        "k_desc": _desc(dtype_str, elem, (bn, head_dim)), "v_desc": _desc(dtype_str, elem, (bn, head_dim)),
+        "q_desc": _desc(dtype_str, elem, (*lead, bm, head_dim)), "do_desc": _desc(dtype_str, elem, (*lead, bm, head_dim)),
+        "k_desc": _desc(dtype_str, elem, (*lead, bn, head_dim)), "v_desc": _desc(dtype_str, elem, (*lead, bn, head_dim)),
         "lse_desc": _desc("fp32", gl.float32, (bm,)), "delta_desc": _desc("fp32", gl.float32, (bm,)),
         "dq_desc": _desc("fp32", gl.float32, (bm, head_dim)),
     }

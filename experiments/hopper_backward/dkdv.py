@@ -79,7 +79,7 @@ def _prologue(descs, rings, ready, n_m, lo, q_row0, seqlen_q, lse_stride, total,
     for i in gl.static_range(STAGES):
         if i < total:
             m, row = _tile_row(i, n_m, lo, q_row0, seqlen_q, BLOCK_M)
-            _load_tile(descs, rings, ready, i, row, m, seqlen_q, lse_stride)
+            _load_tile(descs, rings, ready, i, row, m, seqlen_q, 1, lse_stride, False)
 
 
 @gluon.jit
@@ -96,7 +96,7 @@ def _release(descs, rings, ready, empty, done, n_m, lo, q_row0, seqlen_q, lse_st
         if nxt < total:
             gl.thread_barrier()  # both warpgroups are past their reads of the slot
             m, row = _tile_row(nxt, n_m, lo, q_row0, seqlen_q, BLOCK_M)
-            _load_tile(descs, rings, ready, s, row, m, seqlen_q, lse_stride)
+            _load_tile(descs, rings, ready, s, row, m, seqlen_q, 1, lse_stride, False)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -180,7 +180,8 @@ def bwd_dkdv_gluon_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
             (_consumer, (descs, rings, k_smem, v_smem, ready, empty, DK, DV, n_m, lo, full_lo, q_row0, seqlen_q,
                          seqlen_k, lse_stride, kv_row0, start_n, total, qk_scale, softmax_scale,
                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WS, REMAT_DESC, num_warps)),
-            (_producer, (descs, rings, ready, empty, n_m, lo, q_row0, seqlen_q, lse_stride, total, BLOCK_M, STAGES)),
+            (_producer, (descs, rings, ready, empty, n_m, lo, q_row0, seqlen_q, 1, lse_stride, total, BLOCK_M, STAGES,
+                         False)),
         ], [1], [24])
     else:
         _consumer(descs, rings, k_smem, v_smem, ready, empty, DK, DV, n_m, lo, full_lo, q_row0, seqlen_q,

@@ -12,4 +12,7 @@ HOPPER_VARIANTS = {
     "hopper_s2_hoist": HopperConfig(STAGES=2, REMAT_DESC=False),  # descriptors hoisted: spills at d=128
     # 128-row query tiles, FA3's d=64 tile (at d=128 they don't fit shared memory); no spills at d=64 full
     "hopper_bm128": HopperConfig(BLOCK_M=128, STAGES=2),
+    # the table's configs with 4-D descriptors over the inputs' strides (no copies; not yet run)
+    "hopper_s2_strided": HopperConfig(STAGES=2, STRIDED=True),
+    "hopper_s2_hoist_strided": HopperConfig(STAGES=2, REMAT_DESC=False, STRIDED=True),
 }

@@ -120,24 +120,37 @@ def _query_range(start_n, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl
 
 
 @gluon.jit
-def _load_tile(descs, rings, ready, s, row, m, seqlen_q, lse_stride):
+def _as_box(buffer, desc):
+    """A 2-D shared-memory tile seen as the box of a 4-D descriptor, (1, 1, rows, d): the same bytes
+    (the swizzle follows the two inner dimensions)."""
+    return buffer._reinterpret(buffer.dtype, desc.block_type.shape, desc.layout)
+
+
+@gluon.jit
+def _load_tile(descs, rings, ready, s, row, m, seqlen_q, heads_q, lse_stride, STRIDED: gl.constexpr):
     """TMA loads of tile rows [row, row + BLOCK_M) of Q, dO, lse2 and delta into ring slot s
-    (lse2 / delta from the copies padded to lse_stride rows per head)."""
+    (lse2 / delta from the copies padded to lse_stride rows per head). STRIDED: Q and dO through
+    4-D descriptors over the caller's (B, H, N, d) strides, at (b, h, m, 0)."""
     q_desc, do_desc, lse_desc, delta_desc = descs
     q_ring, do_ring, lse_ring, delta_ring = rings
     bar = ready.index(s)
     mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes
                     + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [row, 0], bar, q_ring.index(s))
-    tma.async_copy_global_to_shared(do_desc, [row, 0], bar, do_ring.index(s))
-    lrow = (row - m) // seqlen_q * lse_stride + m
+    bh = (row - m) // seqlen_q  # batch · Hq + query head
+    if STRIDED:
+        tma.async_copy_global_to_shared(q_desc, [bh // heads_q, bh % heads_q, m, 0], bar, _as_box(q_ring.index(s), q_desc))
+        tma.async_copy_global_to_shared(do_desc, [bh // heads_q, bh % heads_q, m, 0], bar, _as_box(do_ring.index(s), do_desc))
+    else:
+        tma.async_copy_global_to_shared(q_desc, [row, 0], bar, q_ring.index(s))
+        tma.async_copy_global_to_shared(do_desc, [row, 0], bar, do_ring.index(s))
+    lrow = bh * lse_stride + m
     tma.async_copy_global_to_shared(lse_desc, [lrow], bar, lse_ring.index(s))
     tma.async_copy_global_to_shared(delta_desc, [lrow], bar, delta_ring.index(s))
 
 
 @gluon.jit
-def _producer(descs, rings, ready, empty, n_m, lo, q_row0, seqlen_q, lse_stride, total,
-              BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+def _producer(descs, rings, ready, empty, n_m, lo, q_row0, seqlen_q, heads_q, lse_stride, total,
+              BLOCK_M: gl.constexpr, STAGES: gl.constexpr, STRIDED: gl.constexpr):
     """The load warp: fill slot it % STAGES once the consumers released its previous tile."""
     for it in range(total):
         s = it % STAGES
@@ -145,7 +158,7 @@ def _producer(descs, rings, ready, empty, n_m, lo, q_row0, seqlen_q, lse_stride,
         # parity ((it // STAGES) & 1) ^ 1, which a fresh barrier passes at once
         mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
         m, row = _tile_row(it, n_m, lo, q_row0, seqlen_q, BLOCK_M)
-        _load_tile(descs, rings, ready, s, row, m, seqlen_q, lse_stride)
+        _load_tile(descs, rings, ready, s, row, m, seqlen_q, heads_q, lse_stride, STRIDED)
 
 
 @gluon.jit
@@ -270,7 +283,7 @@ def bwd_hopper_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, dq_
                       stride_dk_b, stride_dk_h, stride_dk_n, stride_dv_b, stride_dv_h, stride_dv_n, heads_q, heads_kv, seqlen_q, seqlen_k, lse_stride, qk_scale, softmax_scale,
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, CAUSAL: gl.constexpr, REMAT_DESC: gl.constexpr,
-                      num_warps: gl.constexpr):
+                      STRIDED: gl.constexpr, num_warps: gl.constexpr):
     pid_n = gl.program_id(0)  # grid (key blocks, kv heads, batch)
     kvh = gl.program_id(1)
     b = gl.program_id(2)
@@ -287,10 +300,13 @@ def bwd_hopper_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, dq_
     # shared memory: K, V (resident; [1, ...] for _zero's views), the Q / dO / lse2 / delta ring,
     # dSᵀ for the dQ wgmma, the float32 dQ tile for the bulk reduce, barriers
     ELEM: gl.constexpr = k_desc.dtype
-    k_smem = gl.allocate_shared_memory(ELEM, [1, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(ELEM, [1, BLOCK_N, HEAD_DIM], v_desc.layout)
-    q_ring = gl.allocate_shared_memory(ELEM, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
-    do_ring = gl.allocate_shared_memory(ELEM, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    # 2-D NVMMA layouts: the 2-D descriptors' own, and what a 4-D (STRIDED) box is reinterpreted from
+    kv_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], ELEM)
+    q_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], ELEM)
+    k_smem = gl.allocate_shared_memory(ELEM, [1, BLOCK_N, HEAD_DIM], kv_smem_layout)
+    v_smem = gl.allocate_shared_memory(ELEM, [1, BLOCK_N, HEAD_DIM], kv_smem_layout)
+    q_ring = gl.allocate_shared_memory(ELEM, [STAGES, BLOCK_M, HEAD_DIM], q_smem_layout)
+    do_ring = gl.allocate_shared_memory(ELEM, [STAGES, BLOCK_M, HEAD_DIM], q_smem_layout)
     lse_ring = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], lse_desc.layout)
     delta_ring = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], delta_desc.layout)
     ds_smem = gl.allocate_shared_memory(ELEM, [1, BLOCK_N, BLOCK_M], gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], ELEM))
@@ -307,15 +323,20 @@ def bwd_hopper_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, dq_
     rings = (q_ring, do_ring, lse_ring, delta_ring)
 
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [kv_row0 + start_n, 0], kv_bar, k_smem.index(0))
-    tma.async_copy_global_to_shared(v_desc, [kv_row0 + start_n, 0], kv_bar, v_smem.index(0))
+    if STRIDED:
+        tma.async_copy_global_to_shared(k_desc, [b, kvh, start_n, 0], kv_bar, _as_box(k_smem.index(0), k_desc))
+        tma.async_copy_global_to_shared(v_desc, [b, kvh, start_n, 0], kv_bar, _as_box(v_smem.index(0), v_desc))
+    else:
+        tma.async_copy_global_to_shared(k_desc, [kv_row0 + start_n, 0], kv_bar, k_smem.index(0))
+        tma.async_copy_global_to_shared(v_desc, [kv_row0 + start_n, 0], kv_bar, v_smem.index(0))
     mbarrier.wait(kv_bar, 0)
 
     gl.warp_specialize([
         (_consumer, (descs, rings, k_smem, v_smem, ds_smem, dq_smem, ready, empty, dq_desc, DK, DV, stride_dk_n,
                      stride_dv_n, n_m, lo, full_lo, q_row0, seqlen_q, seqlen_k, start_n, total, qk_scale, softmax_scale,
                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, REMAT_DESC, num_warps)),
-        (_producer, (descs, rings, ready, empty, n_m, lo, q_row0, seqlen_q, lse_stride, total, BLOCK_M, STAGES)),
+        (_producer, (descs, rings, ready, empty, n_m, lo, q_row0, seqlen_q, heads_q, lse_stride, total, BLOCK_M, STAGES,
+                     STRIDED)),
     ], [1], [24])  # the producer: 1 warp, 24 registers (Triton pads it to a warpgroup; the consumers get the rest)
 
 
@@ -336,6 +357,13 @@ def tma_desc(t: torch.Tensor, block_rows: int, elem) -> TensorDescriptor:
     """A 2-D descriptor over contiguous t viewed as (rows, last dim), box (block_rows, last dim)."""
     box = (block_rows, t.shape[-1])
     return TensorDescriptor.from_tensor(t.view(-1, t.shape[-1]), list(box), _smem_layout(box, elem))
+
+
+def box_desc(t: torch.Tensor, block_rows: int, elem) -> TensorDescriptor:
+    """A 4-D descriptor over (B, H, N, d) t with its own strides (unit stride along d, the others
+    16-byte multiples: launch.tma_ok), box (1, 1, block_rows, d)."""
+    box = (1, 1, block_rows, t.shape[-1])
+    return TensorDescriptor.from_tensor(t, list(box), _smem_layout(box, elem))
 
 
 def row_descs(lse2: torch.Tensor, delta: torch.Tensor, block_m: int) -> tuple[TensorDescriptor, TensorDescriptor, int]:
@@ -367,17 +395,23 @@ def backward_hopper(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     # return them and the custom op's fake kernel (torch.empty_like) promises them to torch.compile
     dk, dv = (_grad_buffer(t) for t in (k, v))
     q_in, k_in, v_in = q, k, v
-    # 2-D descriptors need each head's rows back to back (the model's q, k, v are strided views:
-    # these copies cost what the single pass saves at N ≈ 8K, docs/perf-notes.md v7)
-    q, k, v, do = (t.contiguous() for t in (q, k, v, do))
-    lse_desc, delta_desc, lse_stride = row_descs(lse2, delta, config.BLOCK_M)
-    dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     bm, bn = config.BLOCK_M, config.BLOCK_N
+    if config.STRIDED:  # 4-D descriptors over the tensors' own strides; a copy only where TMA can't
+        from kernels.flash_attn.launch import tma_ok
+
+        q, k, v, do = (t if tma_ok(t) else t.contiguous() for t in (q, k, v, do))
+        descs = [box_desc(t, rows, elem) for t, rows in ((q, bm), (do, bm), (k, bn), (v, bn))]
+    else:  # 2-D descriptors need each head's rows back to back: the model's q, k, v, dO are
+        # strided views, and these copies cost about what the single pass saves at N ≈ 8K (perf-notes v7)
+        q, k, v, do = (t.contiguous() for t in (q, k, v, do))
+        descs = [tma_desc(t, rows, elem) for t, rows in ((q, bm), (do, bm), (k, bn), (v, bn))]
+    lse_desc, delta_desc, lse_stride = row_descs(lse2, delta, bm)
+    dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     bwd_hopper_kernel[(triton.cdiv(seqlen_k, bn), heads_kv, batch)](
-        tma_desc(q, bm, elem), tma_desc(do, bm, elem), tma_desc(k, bn, elem), tma_desc(v, bn, elem), lse_desc, delta_desc,
-        tma_desc(dq_acc, bm, gl.float32), dk, dv, *dk.stride()[:3], *dv.stride()[:3], heads_q, heads_kv, seqlen_q, seqlen_k, lse_stride,
-        scale * LOG2E, scale, HEAD_DIM=head_dim, BLOCK_M=bm, BLOCK_N=bn, STAGES=config.STAGES, CAUSAL=causal,
-        REMAT_DESC=config.REMAT_DESC, num_warps=config.num_warps,
+        *descs, lse_desc, delta_desc, tma_desc(dq_acc, bm, gl.float32), dk, dv, *dk.stride()[:3], *dv.stride()[:3],
+        heads_q, heads_kv, seqlen_q, seqlen_k, lse_stride, scale * LOG2E, scale,
+        HEAD_DIM=head_dim, BLOCK_M=bm, BLOCK_N=bn, STAGES=config.STAGES, CAUSAL=causal,
+        REMAT_DESC=config.REMAT_DESC, STRIDED=config.STRIDED, num_warps=config.num_warps,
     )
     # the cast to q's dtype writes q's layout in the same pass
     return torch.empty_like(q_in).copy_(dq_acc), _in_layout(dk, k_in), _in_layout(dv, v_in)

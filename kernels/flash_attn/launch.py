@@ -211,13 +211,18 @@ class HopperConfig:
     BLOCK_M query rows per tile; BLOCK_N keys per program over num_warps consumer warps (16 keys
     per warp: 8 warps are FlashAttention-3's two warpgroups); STAGES slots in the Q / dO ring.
     REMAT_DESC: rebuild the K / V / dSᵀ shared-memory descriptors in the loop (at d=128, hoisted
-    out of it they spill; at d=64 hoisting measured faster)."""
+    out of it they spill; at d=64 hoisting measured faster).
+    STRIDED: load Q, dO, K, V through 4-D descriptors over the callers' strides instead of copying
+    them contiguous first (the model's q, k, v are views of one projection). Compiled for sm_90,
+    not yet run on a GPU: off in HOPPER_BACKWARD until tests/kernels/test_flash_attn_hopper.py has
+    passed with it on an H200 and it measured faster (docs/perf-notes.md, v7)."""
 
     BLOCK_M: int = 64
     BLOCK_N: int = 128
     num_warps: int = 8
     STAGES: int = 2
     REMAT_DESC: bool = True
+    STRIDED: bool = False
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,

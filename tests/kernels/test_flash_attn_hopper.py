@@ -7,6 +7,7 @@ strided inputs as the model passes them, and that `deterministic=False` runs it 
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -91,10 +92,20 @@ def _gpu_cases():
                            id=f"d{d}-{str(dtype)[6:]}-{'causal' if causal else 'full'}-q{nq}-k{nk}-h{heads[0]}:{heads[1]}")
 
 
+@pytest.fixture(params=[False, True], ids=["table", "strided_tma"])
+def strided(request, monkeypatch):
+    """The launch table's configs, and the same with STRIDED (4-D descriptors over the inputs' own
+    strides), which the table turns on only once these tests pass with it on an H200."""
+    if request.param:
+        monkeypatch.setattr(launch, "HOPPER_BACKWARD",
+                            {key: dataclasses.replace(cfg, STRIDED=True) for key, cfg in launch.HOPPER_BACKWARD.items()})
+    return request.param
+
+
 @pytest.mark.gpu
 @on_hopper
 @pytest.mark.parametrize("head_dim,dtype,causal,seqlen_q,seqlen_k,heads", list(_gpu_cases()))
-def test_hopper_backward_is_exact(head_dim, dtype, causal, seqlen_q, seqlen_k, heads):
+def test_hopper_backward_is_exact(head_dim, dtype, causal, seqlen_q, seqlen_k, heads, strided):
     q, k, v = make_qkv(2, heads[0], heads[1], seqlen_q, seqlen_k, head_dim, dtype)
     check_against_reference(q, k, v, causal, schedule="hopper")
 
@@ -103,7 +114,7 @@ def test_hopper_backward_is_exact(head_dim, dtype, causal, seqlen_q, seqlen_k, h
 @on_hopper
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("layout", ["qkv_views", "bnhd", "d_strided"])
-def test_hopper_backward_takes_strided_inputs(head_dim, layout):
+def test_hopper_backward_takes_strided_inputs(head_dim, layout, strided):
     # qkv_views: the model's q, k, v, views of one (B, N, 3, H, D) projection (not dense);
     # bnhd: dense (B, N, H, D) tensors seen as (B, H, N, D), as torch.compile may hand them over;
     # d_strided: head_dim not the unit-stride dimension
@@ -139,7 +150,7 @@ def test_default_backward_runs_hopper_where_picked(monkeypatch):
 
 @pytest.mark.gpu
 @on_hopper
-def test_hopper_backward_returns_the_layouts_the_fake_kernel_promises():
+def test_hopper_backward_returns_the_layouts_the_fake_kernel_promises(strided):
     # torch.compile trusts the op's fake kernel (torch.empty_like of q, k, v): the real gradients
     # must come back in those layouts, whatever layout the inputs arrive in
     from kernels.flash_attn.op import flash_attn_bwd, flash_attn_fwd
