@@ -1,8 +1,8 @@
 """The Hopper fast path for the backward: a single-pass (FlashAttention-3) kernel in Gluon.
 
 What runs where. `launch.backward(schedule="hopper")` runs it, and `schedule="fastest"` (the
-default, `deterministic=False`) picks it on an sm_90 GPU where HOPPER_BACKWARD in launch.py
-measured it ahead. Everywhere else (the CPU interpreter, other GPUs, masks other than causal,
+default, `deterministic=False`) picks it on an sm_90 GPU from the key length HOPPER_MIN_SEQLEN
+in launch.py measured it ahead (its launch settings: HOPPER_BACKWARD there). Everywhere else (the CPU interpreter, other GPUs, masks other than causal,
 head dims other than 64 / 128, float32, the deterministic schedule) the portable `tl` kernels in
 backward.py run: they are the reference this kernel is tested against, and the readable version
 of the same steps. Gluon (`triton.experimental.gluon`) exposes what `tl` leaves to the compiler
@@ -30,8 +30,9 @@ consumers are done with slot s). Two consumer warpgroups (8 warps, 64 keys each,
 run the wgmmas and the softmax arithmetic; they issue the dQ reduce themselves, which then runs
 while the next tile's wgmmas do.
 
-Edges. Descriptors are 2-D over the flattened (B·H·N, d) tensors: a query tile that runs past its
-head's last row reads the next head's rows (or TMA's zero fill at the end). Those rows get
+Edges. Descriptors are 2-D over the flattened (B·H·N, d) tensors (STRIDED: 4-D over (B, H, N, d)
+with the inputs' own strides, so no copies): a query tile that runs past its head's last row
+reads the next head's rows or TMA's zero fill. Those rows get
 lse2 = +inf, so Pᵀ = dSᵀ = 0 there and their dQ adds are exact zeros. Key rows past Nk (the last
 key block) must not reach dQ: Pᵀ = 0 there (the causal mask already does it; without it the key
 tail is masked). lse2 / delta go through copies padded per head to a multiple of 32 rows: a 1-D
@@ -39,8 +40,8 @@ TMA box must start 16-byte aligned (an unaligned one stopped the kernel with an 
 
 dQ is a sum of float32 shares in scheduling order: exact, not bitwise repeatable (the
 deterministic schedule is the `tl` two-pass one). Limits: d ∈ {64, 128}, bf16 / fp16, int32
-offsets (B·H·N·d < 2³¹); the launcher makes the inputs contiguous and returns the gradients in
-the inputs' layouts.
+offsets (B·H·N·d < 2³¹); the launcher makes the inputs contiguous (unless STRIDED) and returns
+the gradients in the inputs' layouts.
 """
 from __future__ import annotations
 
@@ -386,7 +387,7 @@ def backward_hopper(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
                     delta: torch.Tensor, causal: bool, scale: float,
                     config: HopperConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV) in one pass. q, do (B, Hq, Nq, d), k, v (B, Hkv, Nk, d), bf16 / fp16, d 64 or 128
-    (launch.hopper_ok checks the rest); lse2 (base 2) from launch.forward; delta =
+    (launch.hopper_unsupported checks the rest); lse2 (base 2) from launch.forward; delta =
     launch.backward_delta(o, do)."""
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
