@@ -29,6 +29,7 @@ AttnFn = Callable[[Tensor, Tensor, Tensor, bool], Tensor]
 
 SDPA_PINNED = {"sdpa_cudnn": "cudnn", "sdpa_flash": "flash", "sdpa_efficient": "efficient", "sdpa_math": "math"}
 IMPL_NAMES = ("naive", "flash", "flash_two_pass", "flash_fused", "flash_hopper", "sdpa", *SDPA_PINNED, "flex")
+FORCED_SCHEDULES = {"flash_fused": "fused", "flash_hopper": "hopper"}  # ours with a backward schedule forced
 
 # How many compiled variants of one function (one per shape and mask: compiled with dynamic=False,
 # as FlexAttention is normally benchmarked) dynamo may keep before it silently falls back to eager.
@@ -90,9 +91,6 @@ def make_impl(name: str) -> AttnFn:
     if name in FORCED_SCHEDULES:
         return functools.partial(_flash_scheduled, schedule=FORCED_SCHEDULES[name])
     return get_attention(name)
-
-
-FORCED_SCHEDULES = {"flash_fused": "fused", "flash_hopper": "hopper"}
 
 
 def _flash_scheduled(q: Tensor, k: Tensor, v: Tensor, causal: bool, schedule: str) -> Tensor:

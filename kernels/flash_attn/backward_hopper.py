@@ -392,10 +392,11 @@ def backward_hopper(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     elem = gl_dtype(q.dtype)
-    # dK, dV in k's and v's layouts (the kernel stores them by pointer), as the `tl` launchers
-    # return them and the custom op's fake kernel (torch.empty_like) promises them to torch.compile
-    dk, dv = (_grad_buffer(t) for t in (k, v))
-    q_in, k_in, v_in = q, k, v
+    # dQ, dK, dV in q's, k's and v's layouts (torch.empty_like), as the `tl` launchers return them
+    # and the custom op's fake kernel promises them to torch.compile. The kernel stores dK, dV by
+    # pointer with unit stride along d: a layout strided there goes through a contiguous buffer.
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    dk_out, dv_out = (g if g.stride(-1) == 1 else torch.empty(g.shape, device=g.device, dtype=g.dtype) for g in (dk, dv))
     bm, bn = config.BLOCK_M, config.BLOCK_N
     if config.STRIDED:  # 4-D descriptors over the tensors' own strides; a copy only where TMA can't
         from kernels.flash_attn.launch import tma_ok
@@ -409,22 +410,12 @@ def backward_hopper(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     lse_desc, delta_desc, lse_stride = row_descs(lse2, delta, bm)
     dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     bwd_hopper_kernel[(triton.cdiv(seqlen_k, bn), heads_kv, batch)](
-        *descs, lse_desc, delta_desc, tma_desc(dq_acc, bm, gl.float32), dk, dv, *dk.stride()[:3], *dv.stride()[:3],
+        *descs, lse_desc, delta_desc, tma_desc(dq_acc, bm, gl.float32), dk_out, dv_out, *dk_out.stride()[:3], *dv_out.stride()[:3],
         heads_q, heads_kv, seqlen_q, seqlen_k, lse_stride, scale * LOG2E, scale,
         HEAD_DIM=head_dim, BLOCK_M=bm, BLOCK_N=bn, STAGES=config.STAGES, CAUSAL=causal,
         REMAT_DESC=config.REMAT_DESC, STRIDED=config.STRIDED, num_warps=config.num_warps,
     )
-    # the cast to q's dtype writes q's layout in the same pass
-    return torch.empty_like(q_in).copy_(dq_acc), _in_layout(dk, k_in), _in_layout(dv, v_in)
-
-
-def _grad_buffer(x: torch.Tensor) -> torch.Tensor:
-    """Where the kernel stores x's gradient: torch.empty_like(x), unless that is strided along
-    head_dim (the stores assume unit stride there): then a contiguous buffer."""
-    out = torch.empty_like(x)
-    return out if out.stride(-1) == 1 else torch.empty(x.shape, device=x.device, dtype=x.dtype)
-
-
-def _in_layout(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    out = torch.empty_like(x)
-    return grad if grad.stride() == out.stride() else out.copy_(grad)
+    for grad, out in ((dk, dk_out), (dv, dv_out)):
+        if out is not grad:
+            grad.copy_(out)
+    return dq.copy_(dq_acc), dk, dv  # the cast to q's dtype writes q's layout in the same pass

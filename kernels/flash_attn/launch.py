@@ -325,11 +325,10 @@ def backward_fused(do, q, k, v, lse2, delta, causal: bool, scale: float, config:
     return dq_acc.to(q.dtype), dk, dv  # the cast is a no-op for float32 inputs
 
 
-def hopper_unsupported(q: torch.Tensor, k: torch.Tensor, window_size: tuple[int, int] = (-1, -1),
-                       document_ids: torch.Tensor | None = None) -> str | None:
-    """Why the Hopper single-pass backward can't take these inputs (a reason to show the user), or None."""
+def hopper_unsupported(q: torch.Tensor, k: torch.Tensor, masked: bool = False) -> str | None:
+    """Why the Hopper single-pass backward can't take these inputs (masked: a window or documents),
+    a reason to show the user; None if it can."""
     on_gpu = not interpreting() and q.device.type == "cuda"
-    masked = tuple(window_size) != (-1, -1) or document_ids is not None
     return hopper_reason(_capability(q.device) if on_gpu else None, q.dtype, q.shape[-1], masked,
                          max(q.numel(), k.numel()))
 
@@ -386,7 +385,7 @@ def gpu_schedule(capability: tuple[int, int], dtype: torch.dtype, head_dim: int,
     """fastest_schedule's pick on a GPU, from plain facts."""
     if capability[0] < 9:
         return "two_pass"
-    key = _table_key(max(16, triton.next_power_of_2(head_dim)), dtype)
+    key = _table_key(head_dim, dtype)
     if seqlen_k >= HOPPER_MIN_SEQLEN.get(key, 2**62) and hopper_reason(capability, dtype, head_dim, masked, numel) is None:
         return "hopper"
     return "fused" if FUSED_FASTER.get(key, False) else "two_pass"
@@ -427,13 +426,12 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(map(repr, SCHEDULES))}, got {schedule!r}")
     masked = tuple(window_size) != (-1, -1) or document_ids is not None
-    if schedule == "fastest":
+    if schedule == "fastest":  # its pick has passed hopper_unsupported's checks
         schedule = fastest_schedule(q, k, masked)
+    elif schedule == "hopper" and (reason := hopper_unsupported(q, k, masked)) is not None:
+        raise ValueError(f"schedule='hopper' {reason}; use schedule='fastest' to fall back to the Triton kernels")
     masks = dict(window_size=window_size, document_ids=document_ids)
     if schedule == "hopper":
-        reason = hopper_unsupported(q, k, window_size, document_ids)
-        if reason is not None:
-            raise ValueError(f"schedule='hopper' {reason}; use schedule='fastest' to fall back to the Triton kernels")
         from kernels.flash_attn.backward_hopper import backward_hopper
 
         config = HOPPER_BACKWARD[_table_key(q.shape[-1], q.dtype)]
