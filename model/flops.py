@@ -78,6 +78,23 @@ def mfu(tokens_per_s: float, flops_per_tok: float, peak_flops: float) -> float:
     return tokens_per_s * flops_per_tok / peak_flops
 
 
+# Dense 16-bit tensor-core peaks (bf16 / fp16, no sparsity) from NVIDIA's datasheets, by a
+# substring of torch.cuda.get_device_name; the first match wins (NVL / PCIe before the SXM names).
+DATASHEET_TFLOPS_16BIT = (
+    ("H200 NVL", 835.0), ("H200", 989.4),
+    ("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100", 989.4),
+    ("A100", 312.0), ("L40S", 362.05),
+)
+
+
+def datasheet_peak(device_name: str, dtype: torch.dtype) -> float | None:
+    """The datasheet's dense peak FLOP/s of this GPU at a 16-bit dtype, or None (unknown GPU, or
+    float32, whose tensor-core rate depends on the TF32 setting)."""
+    if dtype not in (torch.bfloat16, torch.float16):
+        return None
+    return next((tflops * 1e12 for key, tflops in DATASHEET_TFLOPS_16BIT if key in device_name), None)
+
+
 def measure_matmul_flops(device: torch.device, dtype: torch.dtype, size: int = 4096, reps: int = 10) -> float:
     """Achieved FLOP/s of a square matmul: a measured stand-in when no peak is configured.
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import math
 from dataclasses import dataclass, field
@@ -17,12 +18,20 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from filelock import FileLock
 from omegaconf import DictConfig
 from torch import nn
 
 from data import build_dataset
 from model.attention import get_attention, window_size
-from model.flops import HFU_CONVENTION, MFU_CONVENTION, flops_per_token, measure_matmul_flops, recompute_flops_per_token
+from model.flops import (
+    HFU_CONVENTION,
+    MFU_CONVENTION,
+    datasheet_peak,
+    flops_per_token,
+    measure_matmul_flops,
+    recompute_flops_per_token,
+)
 from model.gpt import GPT, GPTConfig
 from training import distributed
 from training.batches import BatchInputs, document_inputs, no_inputs
@@ -102,13 +111,41 @@ def wrap_model(model: nn.Module, cfg: DictConfig, device: torch.device, dist: Di
     return torch.compile(model) if compile else model
 
 
+def resolve_cache_dir(cfg: DictConfig) -> Path:
+    """cfg.cache_dir, relative paths from the repository: one cache wherever train.py is launched from."""
+    cache_dir = Path(cfg.cache_dir)
+    return cache_dir if cache_dir.is_absolute() else REPO_ROOT / cache_dir
+
+
 def peak_flops(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> tuple[float | None, str]:
-    """The MFU denominator for one device: configured, else measured on CUDA, else none (CPU: no MFU)."""
+    """The MFU denominator for one device: configured, else the GPU's datasheet peak, else a matmul
+    measured once per (GPU, dtype) and kept in the cache; on CPU none (no MFU).
+
+    A fixed denominator per machine, so MFU ranks runs as tokens/s does: measured at every start
+    (as before), it moved by several percent between runs of one H200, enough to reorder runs."""
     if cfg.peak_tflops is not None:
         return cfg.peak_tflops * 1e12, "config peak_tflops"
-    if device.type == "cuda":
-        return measure_matmul_flops(device, dtype), f"measured {dtype} 4096^3 matmul"
-    return None, "none (CPU: set peak_tflops for an MFU)"
+    if device.type != "cuda":
+        return None, "none (CPU: set peak_tflops for an MFU)"
+    name = torch.cuda.get_device_name(device)
+    if (peak := datasheet_peak(name, dtype)) is not None:
+        return peak, f"datasheet {name} dense {str(dtype).removeprefix('torch.')}"
+    cache_dir = resolve_cache_dir(cfg)
+    key = f"{name} {str(dtype).removeprefix('torch.')}"
+    peak = cached_value(cache_dir / "peak_flops.json", key, lambda: measure_matmul_flops(device, dtype))
+    return peak, f"measured {key} 4096^3 matmul, kept in {cache_dir / 'peak_flops.json'}"
+
+
+def cached_value(path: Path, key: str, compute: Callable[[], float]) -> float:
+    """path's JSON {key: value}: the stored value, else compute() stored under a file lock (ranks
+    and concurrent runs of one machine then share one number)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        values = json.loads(path.read_text()) if path.exists() else {}
+        if key not in values:
+            values[key] = compute()
+            path.write_text(json.dumps(values, indent=1))
+    return float(values[key])
 
 
 def setup(cfg: DictConfig) -> Run:
@@ -126,9 +163,7 @@ def setup(cfg: DictConfig) -> Run:
         step_time = estimate_step(cfg, dtype, dist.world_size)
         if warning := slow_step_warning(cfg, step_time):
             log.warning("%s", warning)
-    cache_dir = Path(cfg.cache_dir)
-    if not cache_dir.is_absolute():
-        cache_dir = REPO_ROOT / cache_dir  # one cache wherever train.py is launched from
+    cache_dir = resolve_cache_dir(cfg)
     try:
         ds = build_dataset(cfg.data, cfg.seq_len, cache_dir, cfg.seed)
     except ValueError as err:  # corpus too small, missing files...: the user's to fix

@@ -66,30 +66,43 @@ def names(cfg: DictConfig) -> tuple[str, str]:
 
 
 def kernel_settings(cfg: DictConfig, dtype: str, device: str) -> dict[str, Any] | None:
-    """attention=flash: the backward schedule that runs, and the launch table's choice per kernel
+    """attention=flash: the forward kernel and backward schedule that run, and their launch settings
     (tiles, warps, stages, REVERSE, TMA) for this model's head_dim, seq_len, masks, dtype and device;
     None for naive and sdpa."""
     if cfg.attention.name != "flash":
         return None
     # the kernels' own (private) resolution rules, so that what is shown is what runs, with no second copy
     from kernels.flash_attn import _schedule
-    from kernels.flash_attn.launch import HOPPER_BACKWARD, _launch_args, _table_key, fastest_schedule, kernel_config
+    from kernels.flash_attn.launch import (
+        HOPPER_BACKWARD,
+        HOPPER_FORWARD,
+        _launch_args,
+        _table_key,
+        fastest_forward,
+        fastest_schedule,
+        kernel_config,
+    )
 
     deterministic = cfg.attention.get("deterministic", "auto")
     schedule = _schedule(None if deterministic == "auto" else bool(deterministic))  # as flash_attention resolves it
     head_dim = cfg.model.n_embd // cfg.model.n_head
     # one (batch 1, one head) sequence of the run's length: what the picks read (no memory behind it)
     q = torch.empty(1, 1, 1, head_dim, dtype=getattr(torch, dtype), device=device).expand(1, 1, cfg.seq_len, head_dim)
+    masked = cfg.attention.get("window") is not None or bool(cfg.data.get("document_mask", False))
     if schedule == "fastest":  # what launch.backward picks for such a q
-        masked = cfg.attention.get("window") is not None or bool(cfg.data.get("document_mask", False))
         schedule = fastest_schedule(q, q, masked)
+    forward = fastest_forward(q, q, masked)  # what launch.forward picks (deterministic either way)
     settings: dict[str, Any] = {
+        "forward_kernel": forward,
         "backward_schedule": schedule,
         "tma": "where the tensors' layout allows it (kernels.flash_attn.launch.tma_ok)",
     }
     block_d = _launch_args(q)["BLOCK_D"]  # the head dim as the launchers pad it
     for kernel in FLASH_KERNELS[schedule]:
-        settings[kernel] = dataclasses.asdict(kernel_config(kernel, block_d, q.dtype, causal=True))
+        if not (kernel == "fwd" and forward == "hopper"):
+            settings[kernel] = dataclasses.asdict(kernel_config(kernel, block_d, q.dtype, causal=True))
+    if forward == "hopper":
+        settings["fwd_hopper"] = dataclasses.asdict(HOPPER_FORWARD[_table_key(head_dim, q.dtype)])
     if schedule == "hopper":
         settings["bwd_hopper"] = dataclasses.asdict(HOPPER_BACKWARD[_table_key(head_dim, q.dtype)])
     return settings

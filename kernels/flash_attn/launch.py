@@ -213,9 +213,8 @@ class HopperConfig:
     REMAT_DESC: rebuild the K / V / dSᵀ shared-memory descriptors in the loop (at d=128, hoisted
     out of it they spill; at d=64 hoisting measured faster).
     STRIDED: load Q, dO, K, V through 4-D descriptors over the callers' strides instead of copying
-    them contiguous first (the model's q, k, v are views of one projection). Compiled for sm_90,
-    not yet run on a GPU: off in HOPPER_BACKWARD until tests/kernels/test_flash_attn_hopper.py has
-    passed with it on an H200 and it measured faster (docs/perf-notes.md, v7)."""
+    them contiguous first (the model's q, k, v are views of one projection): end to end at
+    seq_len 8192, 119.7-119.8k vs 116.1-116.3k tokens/s without (docs/perf-notes.md, v8)."""
 
     BLOCK_M: int = 64
     BLOCK_N: int = 128
@@ -225,12 +224,39 @@ class HopperConfig:
     STRIDED: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
+class HopperForwardConfig:
+    """Launch settings of the Hopper forward (forward_hopper.py, Gluon): 128 query rows per program
+    (two consumer warpgroups of 64), BLOCK_N keys per tile, STAGES slots in the K / V ring,
+    CONSUMER_REGS registers per thread of the second consumer warpgroup (setmaxnreg; the producer
+    warp gets 24, the first consumer what is left), STRIDED as HopperConfig's."""
+
+    BLOCK_N: int = 128
+    STAGES: int = 2
+    CONSUMER_REGS: int = 240
+    STRIDED: bool = False
+
+
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
             config: KernelConfig | None = None, window_size: tuple[int, int] = (-1, -1),
-            document_ids: torch.Tensor | None = None, tile_counter: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            document_ids: torch.Tensor | None = None, tile_counter: torch.Tensor | None = None,
+            kernel: str = "fastest") -> tuple[torch.Tensor, torch.Tensor]:
     """O (q's dtype and layout) and LSE (float32, (B, Hq, Nq)) in base 2: log2 Σ_j 2^{s_j·scale·log2(e)}.
     The backward launchers take it so; kernels.flash_attn's public functions convert.
-    tile_counter: an int32 tensor the kernel adds 1 to per visited (query block, key block) tile."""
+    tile_counter: an int32 tensor the kernel adds 1 to per visited (query block, key block) tile.
+    kernel: "tl" (forward.py, with config or the table's), "hopper" (forward_hopper.py, sm_90
+    only) or "fastest" (fastest_forward's pick; "tl" when a config or tile_counter is given)."""
+    if kernel not in FORWARD_KERNELS:
+        raise ValueError(f"kernel must be one of {', '.join(map(repr, FORWARD_KERNELS))}, got {kernel!r}")
+    masked = tuple(window_size) != (-1, -1) or document_ids is not None
+    if kernel == "fastest":
+        kernel = "tl" if config is not None or tile_counter is not None else fastest_forward(q, k, masked)
+    elif kernel == "hopper" and (reason := hopper_unsupported(q, k, masked)) is not None:
+        raise ValueError(f"kernel='hopper' {reason}; use kernel='fastest' to fall back to the Triton kernel")
+    if kernel == "hopper":
+        from kernels.flash_attn.forward_hopper import forward_hopper
+
+        return forward_hopper(q, k, v, causal, scale, HOPPER_FORWARD[_table_key(q.shape[-1], q.dtype)])
     batch, heads_q, seqlen_q, _ = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     o = torch.empty_like(q)  # keeps q's memory layout, so a (B, N, H, D) view stays cheap to reshape
@@ -326,7 +352,7 @@ def backward_fused(do, q, k, v, lse2, delta, causal: bool, scale: float, config:
 
 
 def hopper_unsupported(q: torch.Tensor, k: torch.Tensor, masked: bool = False) -> str | None:
-    """Why the Hopper single-pass backward can't take these inputs (masked: a window or documents),
+    """Why the Hopper kernels (the Gluon forward and single-pass backward) can't take these inputs (masked: a window or documents),
     a reason to show the user; None if it can."""
     on_gpu = not interpreting() and q.device.type == "cuda"
     return hopper_reason(_capability(q.device) if on_gpu else None, q.dtype, q.shape[-1], masked,
@@ -342,7 +368,7 @@ def hopper_reason(capability: tuple[int, int] | None, dtype: torch.dtype, head_d
         return f"needs an sm_90 GPU (Hopper's wgmma), this one is sm_{capability[0]}{capability[1]}"
     if dtype not in (torch.float16, torch.bfloat16):
         return f"takes float16 / bfloat16, got {dtype}"
-    if head_dim not in (64, 128) or _table_key(head_dim, dtype) not in HOPPER_BACKWARD:
+    if head_dim not in (64, 128) or _table_key(head_dim, dtype) not in HOPPER_BACKWARD.keys() & HOPPER_FORWARD.keys():
         return f"takes head_dim 64 or 128, got {head_dim}"
     if masked:
         return "takes the causal mask or none (no sliding window, no document ids)"
@@ -394,9 +420,13 @@ def gpu_schedule(capability: tuple[int, int], dtype: torch.dtype, head_dim: int,
 # Register caps for the document-mask variants, (kernel, head dim class, dtype class) -> registers
 # per thread. Compiled for sm_90 (scripts/kernel_resources.py, triton 3.6), the forward and dQ
 # kernels at d=64 take 122 registers without documents, two 8-warp programs per SM, and 141 / 148
-# with them, one per SM; capped at 128 they spill 28 / 8 bytes and fit two again. Entries go here
-# once the H200 measures them faster (perf-notes v6, item 5); none is measured yet.
-DOCUMENT_MAXNREG: dict[tuple[str, str, str], int] = {}
+# with them, one per SM; capped at 128 they spill 28 / 8 bytes and fit two again. Measured on the
+# H200 (docs/perf-notes.md, v8: bf16, d=64, N=32768, the corpus's documents and 8 equal ones):
+# forward 14-17 % and fwd+bwd 8-10 % faster capped.
+DOCUMENT_MAXNREG: dict[tuple[str, str, str], int] = {
+    ("fwd", "d64", "16bit"): 128,
+    ("bwd_dq", "d64", "16bit"): 128,
+}
 
 # (padded head dim, dtype class) where the fused schedule with TMA reduce-add beat the two passes
 # on the H200 (fwd+bwd, N=1024..32768, causal and full): see docs/perf-notes.md, v4.
@@ -406,13 +436,45 @@ FUSED_FASTER: dict[tuple[str, str], bool] = {}
 # dtype class), and from which key length fastest_schedule picks it over the `tl` schedules
 # (H200, bf16, 16 heads, B·N = 16384, causal and full: docs/perf-notes.md, v7).
 HOPPER_BACKWARD: dict[tuple[str, str], HopperConfig] = {
-    ("d64", "16bit"): HopperConfig(STAGES=2, REMAT_DESC=False),
-    ("d128", "16bit"): HopperConfig(STAGES=2, REMAT_DESC=True),
+    ("d64", "16bit"): HopperConfig(STAGES=2, REMAT_DESC=False, STRIDED=True),
+    ("d128", "16bit"): HopperConfig(STAGES=2, REMAT_DESC=True, STRIDED=True),
 }
 HOPPER_MIN_SEQLEN: dict[tuple[str, str], int] = {
     ("d64", "16bit"): 4096,  # two runs: at 4096 causal +5-7 %, full −2..+5 %; from 8192 +4-15 %; at 1024 −4-7 %
     ("d128", "16bit"): 0,    # ahead from N = 1024 (14-19 %)
 }
+
+# The Hopper forward (forward_hopper.py): its launch settings, and from which key length
+# fastest_forward picks it over forward.py's kernel (H200, bf16, 16 heads, B·N = 16384, causal
+# and full: docs/perf-notes.md, v8). d=128: 16-20 % faster from N = 1024; d=64: 1-10 % from
+# 8192, even at 4096, 8-16 % slower at 1024-2048 (a program's fixed cost over few key blocks).
+HOPPER_FORWARD: dict[tuple[str, str], HopperForwardConfig] = {
+    ("d64", "16bit"): HopperForwardConfig(STAGES=2, STRIDED=True),
+    ("d128", "16bit"): HopperForwardConfig(STAGES=2, STRIDED=True),
+}
+HOPPER_FORWARD_MIN_SEQLEN: dict[tuple[str, str], int] = {
+    ("d64", "16bit"): 8192,
+    ("d128", "16bit"): 0,
+}
+FORWARD_KERNELS = ("tl", "hopper", "fastest")
+
+
+def fastest_forward(q: torch.Tensor, k: torch.Tensor, masked: bool = False) -> str:
+    """The forward kernel that measured fastest for these inputs: "hopper" on an sm_90 GPU where
+    the Gluon kernel takes them and HOPPER_FORWARD_MIN_SEQLEN measured it ahead, else "tl"."""
+    if interpreting() or q.device.type != "cuda":
+        return "tl"
+    return gpu_forward_kernel(_capability(q.device), q.dtype, q.shape[-1], k.shape[2], masked, max(q.numel(), k.numel()))
+
+
+def gpu_forward_kernel(capability: tuple[int, int], dtype: torch.dtype, head_dim: int, seqlen_k: int, masked: bool,
+                       numel: int) -> str:
+    """fastest_forward's pick on a GPU, from plain facts."""
+    key = _table_key(head_dim, dtype)
+    if seqlen_k >= HOPPER_FORWARD_MIN_SEQLEN.get(key, 2**62) and hopper_reason(capability, dtype, head_dim, masked, numel) is None:
+        return "hopper"
+    return "tl"
+
 
 SCHEDULES = ("two_pass", "fused", "hopper", "fastest")
 

@@ -1,14 +1,16 @@
-"""The Hopper single-pass backward (kernels/flash_attn/backward_hopper.py, Gluon).
+"""The Hopper kernels in Gluon: the forward (kernels/flash_attn/forward_hopper.py) and the
+single-pass backward (kernels/flash_attn/backward_hopper.py).
 
-On CPU: when the launcher may and must not pick it, and what a user who forces it where it can't
-run is told. On an sm_90 GPU: the float64 exactness rule over head dims 64 / 128, fp16 / bf16,
-causal both ways, MHA / GQA / MQA, lengths that are not multiples of the blocks and Nq ≠ Nk,
-strided inputs as the model passes them, and that `deterministic=False` runs it where it is picked.
+On CPU: when the launcher may and must not pick them, and what a user who forces one where it
+can't run is told. On an sm_90 GPU: the float64 exactness rule over head dims 64 / 128, fp16 /
+bf16, causal both ways, MHA / GQA / MQA, lengths that are not multiples of the blocks and Nq ≠ Nk,
+strided inputs as the model passes them, and that the defaults run them where they are picked.
 """
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 
 import pytest
 import torch
@@ -16,9 +18,11 @@ from _attention_checks import DEVICE, check_against_reference, make_qkv
 
 from kernels import flash_attention
 from kernels.flash_attn import launch
+from kernels.reference import attention_reference
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 MIN_D64 = launch.HOPPER_MIN_SEQLEN[("d64", "16bit")]
+FWD_MIN_D64 = launch.HOPPER_FORWARD_MIN_SEQLEN[("d64", "16bit")]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -62,6 +66,33 @@ def test_gpu_schedule_picks_hopper_where_measured_ahead(monkeypatch, capability,
     assert launch.gpu_schedule(capability, dtype, head_dim, seqlen_k, masked, 1) == expected
 
 
+@pytest.mark.parametrize("capability,dtype,head_dim,seqlen_k,masked,expected", [
+    ((9, 0), BF16, 64, FWD_MIN_D64, False, "hopper"),
+    ((9, 0), FP16, 128, 1, False, "hopper"),       # d=128: ahead from the shortest length measured
+    ((9, 0), BF16, 64, FWD_MIN_D64 - 1, False, "tl"),  # short d=64: forward.py measured faster
+    ((9, 0), BF16, 128, 8192, True, "tl"),          # windows / documents: forward.py
+    ((9, 0), BF16, 96, 8192, False, "tl"),
+    ((9, 0), FP32, 128, 8192, False, "tl"),
+    ((8, 0), BF16, 128, 8192, False, "tl"),
+    ((10, 0), BF16, 128, 8192, False, "tl"),
+])
+def test_gpu_forward_kernel_picks_hopper_where_measured_ahead(monkeypatch, capability, dtype, head_dim, seqlen_k,
+                                                              masked, expected):
+    monkeypatch.setattr(launch, "_gluon_available", lambda: True)
+    assert launch.gpu_forward_kernel(capability, dtype, head_dim, seqlen_k, masked, 1) == expected
+
+
+def test_forward_kernel_is_checked_and_forcing_hopper_where_it_cannot_run_says_why():
+    q, k, v = make_qkv(1, 1, 1, 8, 8, 64, BF16 if DEVICE == "cuda" else FP32, requires_grad=False)
+    with pytest.raises(ValueError, match="kernel must be one of 'tl', 'hopper', 'fastest', got 'gluon'"):
+        launch.forward(q, k, v, False, 0.125, kernel="gluon")
+    if launch.hopper_unsupported(q, k) is None:
+        pytest.skip("this GPU runs the Hopper kernel: nothing to refuse")
+    with pytest.raises(ValueError, match="kernel='hopper' .*kernel='fastest'"):
+        launch.forward(q, k, v, False, 0.125, kernel="hopper")
+    assert launch.fastest_forward(q, k) == "tl"
+
+
 def test_forcing_hopper_where_it_cannot_run_says_why():
     q, k, v = make_qkv(1, 1, 1, 8, 8, 64, BF16 if DEVICE == "cuda" else FP32, requires_grad=False)
     o, lse2 = launch.forward(q, k, v, False, 0.125)
@@ -92,13 +123,12 @@ def _gpu_cases():
                            id=f"d{d}-{str(dtype)[6:]}-{'causal' if causal else 'full'}-q{nq}-k{nk}-h{heads[0]}:{heads[1]}")
 
 
-@pytest.fixture(params=[False, True], ids=["table", "strided_tma"])
+@pytest.fixture(params=[True, False], ids=["strided_tma", "contiguous_copies"])
 def strided(request, monkeypatch):
-    """The launch table's configs, and the same with STRIDED (4-D descriptors over the inputs' own
-    strides), which the table turns on only once these tests pass with it on an H200."""
-    if request.param:
-        monkeypatch.setattr(launch, "HOPPER_BACKWARD",
-                            {key: dataclasses.replace(cfg, STRIDED=True) for key, cfg in launch.HOPPER_BACKWARD.items()})
+    """The launch table's configs (STRIDED: 4-D descriptors over the inputs' own strides), and the
+    same with STRIDED off (2-D descriptors over contiguous copies), the A/B's other side."""
+    monkeypatch.setattr(launch, "HOPPER_BACKWARD",
+                        {key: dataclasses.replace(cfg, STRIDED=request.param) for key, cfg in launch.HOPPER_BACKWARD.items()})
     return request.param
 
 
@@ -187,3 +217,78 @@ def test_hopper_backward_under_torch_compile():
     attend(projected).backward()
     # the dQ sums run in scheduling order: equal up to float32 reordering, rounded to bf16
     torch.testing.assert_close(grad_compiled, projected.grad, rtol=2e-2, atol=2e-2)
+
+
+# ----------------------------------------------------------------------------------------------
+# The forward, on an sm_90 GPU
+# ----------------------------------------------------------------------------------------------
+@pytest.fixture(params=[True, False], ids=["strided_tma", "contiguous_copies"])
+def forward_strided(request, monkeypatch):
+    """HOPPER_FORWARD's configs (STRIDED: 4-D descriptors over the inputs' strides) and the same off."""
+    monkeypatch.setattr(launch, "HOPPER_FORWARD",
+                        {key: dataclasses.replace(cfg, STRIDED=request.param) for key, cfg in launch.HOPPER_FORWARD.items()})
+
+
+def check_forward(q, k, v, causal, kernel):
+    """launch.forward's O against float64 under the exactness rule, LSE (base 2) against float64's,
+    +inf on rows that see no key, O in q's layout."""
+    from _attention_checks import assert_within_rule
+
+    nq, nk, d = q.shape[2], k.shape[2], q.shape[-1]
+    o, lse2 = launch.forward(q, k, v, causal, d ** -0.5, kernel=kernel)
+    q64, k64, v64 = (t.double() for t in (q, k, v))
+    assert_within_rule(f"{kernel} forward O", o, attention_reference(q64, k64, v64, causal=causal),
+                       [attention_reference(q, k, v, causal=causal, dtype=None)], 3.0)
+    scores = q64 @ k64.repeat_interleave(q.shape[1] // k.shape[1], 1).transpose(-1, -2) * d ** -0.5
+    if causal:
+        scores = scores.masked_fill(~torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(nk - nq), -math.inf)
+    lse_ref = torch.logsumexp(scores, -1) / math.log(2)
+    seen = torch.isfinite(lse_ref)
+    torch.testing.assert_close(lse2.double()[seen], lse_ref[seen], rtol=0, atol=1e-4)
+    assert (lse2[~seen] == math.inf).all()
+    assert o.stride() == torch.empty_like(q).stride()
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.usefixtures("forward_strided")
+@pytest.mark.parametrize("head_dim,dtype,causal,seqlen_q,seqlen_k,heads", list(_gpu_cases()))
+def test_hopper_forward_is_exact(head_dim, dtype, causal, seqlen_q, seqlen_k, heads):
+    q, k, v = make_qkv(2, heads[0], heads[1], seqlen_q, seqlen_k, head_dim, dtype, requires_grad=False)
+    check_forward(q, k, v, causal, "hopper")
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.usefixtures("forward_strided")
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_hopper_forward_takes_the_models_views(head_dim):
+    qkv = torch.randn(2, 333, 3, 4, head_dim, device="cuda", dtype=BF16).permute(2, 0, 3, 1, 4)
+    check_forward(*qkv, True, "hopper")
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("head_dim,causal", [(128, True), (128, False)])
+def test_tl_forward_stays_exact_where_hopper_is_picked(head_dim, causal):
+    # the portable kernel is the reference: forced, it must stay exact on the shapes Hopper now takes
+    q, k, v = make_qkv(2, 4, 2, 300, 2100, head_dim, BF16, requires_grad=False)
+    check_forward(q, k, v, causal, "tl")
+
+
+@pytest.mark.gpu
+@on_hopper
+def test_default_forward_runs_hopper_where_picked(monkeypatch):
+    from kernels.flash_attn import forward_hopper
+
+    calls = []
+    kernel = forward_hopper.forward_hopper
+    monkeypatch.setattr(forward_hopper, "forward_hopper", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
+    for head_dim, seqlen, picked in ((64, FWD_MIN_D64, True), (64, FWD_MIN_D64 // 2, False), (128, 256, True)):
+        calls.clear()
+        q, k, v = make_qkv(1, 2, 2, seqlen, seqlen, head_dim, BF16, requires_grad=False)
+        flash_attention(q, k, v, causal=True)
+        assert bool(calls) == picked, (head_dim, seqlen)
+        calls.clear()
+        flash_attention(q, k, v, causal=True, window_size=(64, 0))  # a window: forward.py
+        assert not calls

@@ -73,6 +73,16 @@ def test_documents_match_float64_reference(name, causal, window, schedule):
     check_against_reference(q, k, v, causal, schedule=schedule, window_size=window, document_ids=ids)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_documents_at_head_dim_64_the_register_capped_variants(causal):
+    # d=64, 16-bit: on a GPU the forward and dQ kernels' document variants run under DOCUMENT_MAXNREG
+    # (spilling a few bytes); the interpreter runs the same variants uncapped
+    q, k, v = make_qkv(1, 2, 2, 300, 300, 64, torch.bfloat16)
+    ids = doc_ids(1, 130, 17, 152)[None]
+    check_against_reference(q, k, v, causal, schedule="two_pass", document_ids=ids)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.float16, marks=pytest.mark.slow)], ids=["float32", "float16"])
 def test_documents_and_window_in_other_dtypes(dtype):
     q, k, v = make_qkv(1, 2, 2, 100, 100, 16, dtype)
@@ -162,7 +172,7 @@ def test_tiles_visited_at_rectangular_tiles():
 def test_document_register_cap_goes_to_the_document_variants_only(monkeypatch):
     # DOCUMENT_MAXNREG caps the registers of a kernel's document variant on the GPU (two programs
     # per SM instead of one); the plain variants and the interpreter never see it
-    monkeypatch.setitem(launch.DOCUMENT_MAXNREG, ("fwd", "d64", "16bit"), 128)
+    monkeypatch.setattr(launch, "DOCUMENT_MAXNREG", {("fwd", "d64", "16bit"): 128})
     launch._table_config.cache_clear()
     try:
         on_gpu = launch._table_config("fwd", 64, torch.bfloat16, True, True, False)

@@ -6,8 +6,9 @@ from _tiny import CPU
 from conftest import SHRINK, compose_config
 from omegaconf import OmegaConf
 
+from model.flops import datasheet_peak
 from training.config import ConfigError
-from training.setup import build_model, peak_flops, setup
+from training.setup import build_model, cached_value, peak_flops, setup
 
 SYNTHETIC = [*SHRINK, "attention=sdpa", "batch_size=8", "grad_accum=2", "data=synthetic", "data.vocab_size=100",
              "data.num_tokens=5000"]
@@ -33,3 +34,25 @@ def test_peak_flops_comes_from_config_else_none_on_cpu(tiny_cfg):
     assert peak_flops(tiny_cfg("peak_tflops=2.5"), CPU, torch.float32) == (2.5e12, "config peak_tflops")
     peak, source = peak_flops(tiny_cfg(), CPU, torch.float32)
     assert peak is None and "CPU" in source  # no MFU against a made-up CPU peak
+
+
+def test_datasheet_peaks_name_the_gpu_and_only_16bit():
+    assert datasheet_peak("NVIDIA H200", torch.bfloat16) == 989.4e12
+    assert datasheet_peak("NVIDIA H100 PCIe", torch.float16) == 756.0e12  # not the SXM figure
+    assert datasheet_peak("NVIDIA H200 NVL", torch.bfloat16) == 835.0e12
+    assert datasheet_peak("NVIDIA A100-SXM4-80GB", torch.bfloat16) == 312.0e12
+    assert datasheet_peak("NVIDIA H200", torch.float32) is None  # TF32 or not: no single figure
+    assert datasheet_peak("Some Future GPU", torch.bfloat16) is None
+
+
+def test_a_measured_peak_is_measured_once_per_machine_and_shared(tmp_path):
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return 123.0e12 + len(calls)  # a second measurement would differ, as real ones do
+
+    path = tmp_path / "cache" / "peak_flops.json"
+    first = cached_value(path, "GPU X bfloat16", measure)
+    assert cached_value(path, "GPU X bfloat16", measure) == first and len(calls) == 1
+    assert cached_value(path, "GPU X float16", measure) != first and len(calls) == 2  # per dtype

@@ -154,14 +154,14 @@ def test_config_holds_resolved_values_and_the_kernel_settings(tmp_path):
     assert (config["dtype"], config["compile"], config["device"], config["tokens_per_step"]) == ("bfloat16", True, "cpu", 1024)
     assert config["batch_size"] == 16 and config["attention_label"] == "flash_two_pass" and config["system"]["gpu"] == "cpu"
     kernel = config["kernel"]
-    assert set(kernel) == {"backward_schedule", "tma", "fwd", "bwd_dq", "bwd_dkdv"} and kernel["backward_schedule"] == "two_pass"
+    assert set(kernel) == {"forward_kernel", "backward_schedule", "tma", "fwd", "bwd_dq", "bwd_dkdv"} and kernel["backward_schedule"] == "two_pass"
     assert {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "REVERSE", "TMA"} <= set(kernel["fwd"])
     cfg.attention.deterministic = False  # the fastest schedule: in the interpreter, the fused one
-    assert set(kernel_settings(cfg, "float32", "cpu")) == {"backward_schedule", "tma", "fwd", "bwd_fused"}
+    assert set(kernel_settings(cfg, "float32", "cpu")) == {"forward_kernel", "backward_schedule", "tma", "fwd", "bwd_fused"}
     assert kernel_settings(compose_config("attention=sdpa"), "float32", "cpu") is None
 
 
-def test_kernel_settings_show_the_hopper_backward_where_it_is_picked(monkeypatch):
+def test_kernel_settings_show_the_hopper_kernels_where_they_are_picked(monkeypatch):
     from kernels.flash_attn import launch
 
     asked = []
@@ -171,13 +171,16 @@ def test_kernel_settings_show_the_hopper_backward_where_it_is_picked(monkeypatch
         return "hopper"
 
     monkeypatch.setattr(launch, "fastest_schedule", pick)
+    monkeypatch.setattr(launch, "fastest_forward", pick)
     cfg = compose_config("model=tiny", "seq_len=4096", "attention=flash", "attention.deterministic=false")
     settings = kernel_settings(cfg, "bfloat16", "cpu")
-    assert asked == [(4096, False)]  # the run's length, unmasked
-    assert settings["backward_schedule"] == "hopper" and set(settings) == {"backward_schedule", "tma", "fwd", "bwd_hopper"}
-    head_dim = cfg.model.n_embd // cfg.model.n_head
-    assert settings["bwd_hopper"] == dataclasses.asdict(launch.HOPPER_BACKWARD[launch._table_key(head_dim, torch.bfloat16)])
-    cfg.attention.window = 256  # a sliding window: the pick is asked for a masked attention
+    assert asked == [(4096, False)] * 2  # the run's length, unmasked: the backward's pick, the forward's
+    assert settings["backward_schedule"] == "hopper" and settings["forward_kernel"] == "hopper"
+    assert set(settings) == {"forward_kernel", "backward_schedule", "tma", "fwd_hopper", "bwd_hopper"}  # no `tl` fwd
+    key = launch._table_key(cfg.model.n_embd // cfg.model.n_head, torch.bfloat16)
+    assert settings["bwd_hopper"] == dataclasses.asdict(launch.HOPPER_BACKWARD[key])
+    assert settings["fwd_hopper"] == dataclasses.asdict(launch.HOPPER_FORWARD[key])
+    cfg.attention.window = 256  # a sliding window: the picks are asked for a masked attention
     asked.clear()
     kernel_settings(cfg, "bfloat16", "cpu")
-    assert asked == [(4096, True)]
+    assert asked == [(4096, True)] * 2

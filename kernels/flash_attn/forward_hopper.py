@@ -1,0 +1,259 @@
+"""The Hopper fast path for the forward: FlashAttention-3's ping-pong schedule in Gluon.
+
+The same online softmax as forward.py (read that file first: it is the algorithm, this one is its
+schedule on an sm_90 GPU). One program owns BLOCK_M = 2 × 64 query rows of one (batch, head);
+grid (query blocks, Hq, B). Three partitions (gl.warp_specialize):
+
+    producer (1 warp):  Q's two halves by TMA, then K_j and V_j into a STAGES-deep ring
+    consumer w (w = 0, 1; one warpgroup each, query rows [64·w, 64·w + 64) of the block):
+        S_0 = Q Kᵀ_0;  softmax_0
+        for j = 1 .. n−1:
+            ─ wait for my turn ─  S_j = Q Kᵀ_j  and  O += P_{j−1} V_{j−1}   (async wgmma)  ─ your turn ─
+            softmax_j on S_j (m, l, P_j; α = e^{m_{j−1} − m_j})   while PV_{j−1} still runs
+            O ← α · O (once PV_{j−1} has landed)
+        O += P_{n−1} V_{n−1};  O / l, LSE = m + log2 l
+
+Two overlaps hide the exponentials (the forward's real bottleneck: the tensor cores are ~16×
+faster than the exp2 units): inside a warpgroup, softmax_j runs while PV_{j−1} is on the tensor
+cores; across the two, the turn barriers make them take turns at issuing GEMMs, so one's softmax
+runs while the other's GEMMs do. v5 of docs/perf-notes.md measured a draft without the
+second overlap (one 8-warp partition): slower than the `tl` kernel.
+
+Edges: Q / K / V through 2-D descriptors over the flattened (B·H·N, d) tensors, or (STRIDED) 4-D
+ones over the callers' (B, H, N, d) strides. Key rows past Nk (the next head's, or TMA's zero
+fill) are masked to −inf; query rows past Nq are computed and not stored. Causal is bottom-right
+aligned as in forward.py; rows that see no key (Nq > Nk) give O = 0 and LSE = +inf.
+Limits: d ∈ {64, 128}, bf16 / fp16, causal or no mask (launch.hopper_unsupported).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from kernels.flash_attn.backward_hopper import LOG2E, _as_box, box_desc, gl_dtype, tma_desc
+
+if TYPE_CHECKING:
+    from kernels.flash_attn.launch import HopperForwardConfig
+
+ROWS_PER_WARPGROUP = 64  # query rows per consumer warpgroup (the wgmma's M)
+HALF = gl.constexpr(ROWS_PER_WARPGROUP)
+
+
+@gluon.jit
+def _load_rows(desc, ring_slot, bar, b, h, row0, start, STRIDED: gl.constexpr):
+    """TMA load of rows [start, start + box rows) of head (b, h) into ring_slot, completion on bar.
+    row0: the head's first row in the flattened 2-D view."""
+    if STRIDED:
+        tma.async_copy_global_to_shared(desc, [b, h, start, 0], bar, _as_box(ring_slot, desc))
+    else:
+        tma.async_copy_global_to_shared(desc, [row0 + start, 0], bar, ring_slot)
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty,
+              b, h, kvh, q_row0, kv_row0, start_m, n_blocks,
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, STRIDED: gl.constexpr):
+    for w in gl.static_range(2):
+        mbarrier.expect(q_bar.index(w), q_desc.block_type.nbytes)
+        _load_rows(q_desc, q_smem.index(w), q_bar.index(w), b, h, q_row0, start_m + w * HALF, STRIDED)
+    for j in range(n_blocks):
+        s = j % STAGES
+        # the (j // STAGES)-th fill of slot s waits for both consumers' release of the previous one
+        # (parity ((j // STAGES) & 1) ^ 1, which a fresh barrier passes at once)
+        phase = ((j // STAGES) & 1) ^ 1
+        mbarrier.wait(k_empty.index(s), phase)
+        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+        _load_rows(k_desc, k_ring.index(s), k_ready.index(s), b, kvh, kv_row0, j * BLOCK_N, STRIDED)
+        mbarrier.wait(v_empty.index(s), phase)
+        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+        _load_rows(v_desc, v_ring.index(s), v_ready.index(s), b, kvh, kv_row0, j * BLOCK_N, STRIDED)
+
+
+@gluon.jit
+def _scores(q, k_ring, k_ready, turn, j, s_layout: gl.constexpr, W: gl.constexpr,
+            BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """Wait for K_j and for this warpgroup's turn, issue S_j = Q Kᵀ_j (async, left in flight)."""
+    mbarrier.wait(k_ready.index(j % STAGES), (j // STAGES) & 1)
+    # ping-pong: warpgroup 0 goes first (a fresh barrier passes parity 1), then they alternate
+    mbarrier.wait(turn.index(W), (j & 1) ^ (1 - W))
+    zero_s = gl.zeros([HALF, BLOCK_N], gl.float32, s_layout)
+    return warpgroup_mma(q, k_ring.index(j % STAGES).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _softmax(s, m_i, l_i, j, rows, row_lo, offs_n, seqlen_k, offset, qk_scale,
+             BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """forward.py's update on tile j: P_j (float32), the new m, l, and α for the accumulator."""
+    cols = j * BLOCK_N + offs_n
+    if CAUSAL:
+        if j * BLOCK_N + BLOCK_N - 1 > row_lo + offset:  # a diagonal tile (the key tail beyond Nk included)
+            s = gl.where(cols[None, :] <= rows[:, None] + offset, s, float("-inf"))
+    else:
+        if j * BLOCK_N + BLOCK_N > seqlen_k:  # the ragged last tile: the next head's keys, or zeros
+            s = gl.where(cols[None, :] < seqlen_k, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+    m_sub = m_new
+    if CAUSAL:  # a row that has seen no key yet keeps m = −inf: subtract 0, never e^{−inf − (−inf)}
+        m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s * qk_scale - m_sub[:, None])
+    alpha = gl.exp2(m_i - m_sub)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, m_new, l_i, alpha
+
+
+@gluon.jit
+def _consumer(q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE,
+              stride_on, lse_row0, start_m, n_blocks, seqlen_q, seqlen_k, qk_scale,
+              HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+              W: gl.constexpr):
+    # S (64 × BLOCK_N) and O (64 × d) accumulators over one warpgroup; P as the register A operand
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    ELEM: gl.constexpr = q_smem.dtype
+    offset = seqlen_k - seqlen_q
+    row_lo = start_m + W * HALF
+    rows = row_lo + gl.arange(0, HALF, layout=row_layout)
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    m_i = gl.full([HALF], float("-inf"), gl.float32, row_layout)
+    l_i = gl.zeros([HALF], gl.float32, row_layout)
+    acc = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
+    q = q_smem.index(W)
+    mbarrier.wait(q_bar.index(W), 0)
+
+    if n_blocks > 0:
+        s = _scores(q, k_ring, k_ready, turn, 0, s_layout, W, BLOCK_N, STAGES)
+        mbarrier.arrive(turn.index(1 - W))
+        s = warpgroup_mma_wait(0, deps=(s,))
+        mbarrier.arrive(k_empty.index(0))
+        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, 0, rows, row_lo, offs_n, seqlen_k, offset, qk_scale, BLOCK_N, CAUSAL)
+        # P carried to the next GEMM block as the 16-bit register operand: half the registers of float32
+        p = gl.convert_layout(p.to(ELEM), p_layout)
+        for j in range(1, n_blocks):
+            prev = (j - 1) % STAGES
+            s = _scores(q, k_ring, k_ready, turn, j, s_layout, W, BLOCK_N, STAGES)
+            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            acc = warpgroup_mma(p, v_ring.index(prev), acc, is_async=True)
+            mbarrier.arrive(turn.index(1 - W))
+            s = warpgroup_mma_wait(1, deps=(s,))  # S_j has landed; PV_{j−1} may still run
+            mbarrier.arrive(k_empty.index(j % STAGES))
+            p32, m_i, l_i, alpha = _softmax(s, m_i, l_i, j, rows, row_lo, offs_n, seqlen_k, offset, qk_scale, BLOCK_N, CAUSAL)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            mbarrier.arrive(v_empty.index(prev))
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            p = gl.convert_layout(p32.to(ELEM), p_layout)
+        last = (n_blocks - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
+        mbarrier.wait(turn.index(W), (n_blocks & 1) ^ (1 - W))  # the last GEMM takes its turn too
+        acc = warpgroup_mma(p, v_ring.index(last), acc, is_async=True)
+        mbarrier.arrive(turn.index(1 - W))
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        mbarrier.arrive(v_empty.index(last))
+
+    if CAUSAL:  # rows that see no key (Nq > Nk): O = 0/1, LSE = +inf, as forward.py
+        empty = rows + offset < 0
+        l_i = gl.where(empty, 1.0, l_i)
+        m_i = gl.where(empty, float("inf"), m_i)
+    gl.store(LSE + lse_row0 + rows, m_i + gl.log2(l_i), mask=rows < seqlen_q)
+    out_rows = gl.convert_layout(rows, gl.SliceLayout(1, o_layout))
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
+    ok = (out_rows < seqlen_q)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    gl.store(OUT + out_rows[:, None] * stride_on + offs_d[None, :], out.to(ELEM), mask=ok)
+
+
+# lengths and head counts are not specialized (no recompiles for N == 1 or N % 16 == 0)
+@gluon.jit(do_not_specialize=["heads_q", "heads_kv", "seqlen_q", "seqlen_k"])
+def fwd_hopper_kernel(q_desc, k_desc, v_desc, OUT, LSE, stride_ob, stride_oh, stride_on,
+                      heads_q, heads_kv, seqlen_q, seqlen_k, qk_scale,
+                      HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                      CAUSAL: gl.constexpr, STRIDED: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    BLOCK_M: gl.constexpr = 2 * HALF
+    pid_m = gl.program_id(0)
+    if CAUSAL:  # the last query blocks see the most keys: launched first, they shorten the tail
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    h = gl.program_id(1)
+    b = gl.program_id(2)
+    kvh = h // (heads_q // heads_kv)
+    start_m = pid_m * BLOCK_M
+    offset = seqlen_k - seqlen_q
+    hi = seqlen_k
+    if CAUSAL:
+        hi = gl.minimum(gl.maximum(start_m + BLOCK_M + offset, 0), seqlen_k)
+    n_blocks = gl.cdiv(hi, BLOCK_N)
+    q_row0 = (b * heads_q + h) * seqlen_q
+    kv_row0 = (b * heads_kv + kvh) * seqlen_k
+    OUT += b * stride_ob + h * stride_oh
+
+    ELEM: gl.constexpr = k_desc.dtype
+    q_smem = gl.allocate_shared_memory(ELEM, [2, HALF, HEAD_DIM], gl.NVMMASharedLayout.get_default_for([HALF, HEAD_DIM], ELEM))
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], ELEM)
+    k_ring = gl.allocate_shared_memory(ELEM, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    v_ring = gl.allocate_shared_memory(ELEM, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_bar.index(i), count=1)
+        mbarrier.init(turn.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)  # both consumers release a slot
+        mbarrier.init(v_empty.index(i), count=2)
+    fence_async_shared()
+
+    # (the two consumers' argument lists written out: a constexpr inside a tuple built here would
+    # reach them as a tensor)
+    gl.warp_specialize([
+        (_consumer, (q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE, stride_on,
+                     q_row0, start_m, n_blocks, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0)),
+        (_consumer, (q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE, stride_on,
+                     q_row0, start_m, n_blocks, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 1)),
+        (_producer, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty,
+                     b, h, kvh, q_row0, kv_row0, start_m, n_blocks, BLOCK_N, STAGES, STRIDED)),
+    ], [4, 1], [CONSUMER_REGS, 24])  # the second consumer warpgroup, the 1-warp producer
+
+
+def forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+                   config: HopperForwardConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """OUT (q's dtype and layout) and LSE in base 2 (float32 (B, Hq, Nq)), as launch.forward.
+    q (B, Hq, Nq, d), k, v (B, Hkv, Nk, d), bf16 / fp16, d 64 or 128."""
+    batch, heads_q, seqlen_q, head_dim = q.shape
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    elem = gl_dtype(q.dtype)
+    o = torch.empty_like(q)
+    o_out = o if o.stride(-1) == 1 else torch.empty(o.shape, device=o.device, dtype=o.dtype)
+    lse2 = torch.empty((batch, heads_q, seqlen_q), device=q.device, dtype=torch.float32)
+    bn = config.BLOCK_N
+    if config.STRIDED:
+        from kernels.flash_attn.launch import tma_ok
+
+        q, k, v = (t if tma_ok(t) else t.contiguous() for t in (q, k, v))
+        descs = [box_desc(t, rows, elem) for t, rows in ((q, ROWS_PER_WARPGROUP), (k, bn), (v, bn))]
+    else:
+        q, k, v = (t.contiguous() for t in (q, k, v))
+        descs = [tma_desc(t, rows, elem) for t, rows in ((q, ROWS_PER_WARPGROUP), (k, bn), (v, bn))]
+    fwd_hopper_kernel[(triton.cdiv(seqlen_q, 2 * ROWS_PER_WARPGROUP), heads_q, batch)](
+        *descs, o_out, lse2, *o_out.stride()[:3], heads_q, heads_kv, seqlen_q, seqlen_k, scale * LOG2E,
+        HEAD_DIM=head_dim, BLOCK_N=bn, STAGES=config.STAGES, CAUSAL=causal, STRIDED=config.STRIDED,
+        CONSUMER_REGS=config.CONSUMER_REGS, num_warps=4,
+    )
+    if o_out is not o:
+        o.copy_(o_out)
+    return o, lse2
