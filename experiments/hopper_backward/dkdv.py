@@ -52,7 +52,6 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 # the device helpers are the single-pass kernel's, which training runs
 from kernels.flash_attn.backward_hopper import (  # noqa: E402
-    LOG2E,
     _load_tile,
     _producer,
     _query_range,
@@ -61,12 +60,12 @@ from kernels.flash_attn.backward_hopper import (  # noqa: E402
     _tile_row,
     _zero,
     a_layout_for,
-    gl_dtype,
     kv_layout_for,
     row_descs,
     s_layout_for,
-    tma_desc,
 )
+from kernels.flash_attn.gluon_tma import gl_dtype, tma_desc  # noqa: E402
+from kernels.flash_attn.tiles import LOG2E  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------
@@ -232,7 +231,7 @@ def backward_dkdv_gluon(do, q, k, v, lse2, delta, causal: bool, scale: float, va
     grid = (triton.cdiv(seqlen_k, bn), heads_kv, batch)
     compiled = bwd_dkdv_gluon_kernel[grid](
         tma_desc(q, bm, elem), tma_desc(do, bm, elem), tma_desc(k, bn, elem), tma_desc(v, bn, elem), lse_desc, delta_desc,
-        dk, dv, heads_q, heads_kv, seqlen_q, seqlen_k, lse_stride, scale * LOG2E, scale,
+        dk, dv, heads_q, heads_kv, seqlen_q, seqlen_k, lse_stride, scale * LOG2E.value, scale,
         HEAD_DIM=head_dim, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal, WS=cfg["WS"],
         REMAT_DESC=cfg["REMAT_DESC"], num_warps=cfg["num_warps"],
     )

@@ -1,5 +1,6 @@
 """The single-pass kernel's configs this experiment compiles and times (kernels/flash_attn/
-backward_hopper.py): launch.HOPPER_BACKWARD takes hopper_s2_hoist at d=64 and hopper_s2 at d=128."""
+backward_hopper.py): launch.HOPPER_BACKWARD takes hopper_s2_hoist_strided at d=64 and hopper_s2_strided at
+d=128 (the strided descriptors since session 7: same kernel time on contiguous inputs, no copies of the model's views)."""
 import os
 import sys
 
@@ -12,7 +13,7 @@ HOPPER_VARIANTS = {
     "hopper_s2_hoist": HopperConfig(STAGES=2, REMAT_DESC=False),  # descriptors hoisted: spills at d=128
     # 128-row query tiles, FA3's d=64 tile (at d=128 they don't fit shared memory); no spills at d=64 full
     "hopper_bm128": HopperConfig(BLOCK_M=128, STAGES=2),
-    # the table's configs with 4-D descriptors over the inputs' strides (no copies; not yet run)
+    # the table's configs: 4-D descriptors over the inputs' strides (no copies; docs/perf-notes.md v8)
     "hopper_s2_strided": HopperConfig(STAGES=2, STRIDED=True),
     "hopper_s2_hoist_strided": HopperConfig(STAGES=2, REMAT_DESC=False, STRIDED=True),
 }

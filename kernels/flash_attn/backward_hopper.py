@@ -45,7 +45,6 @@ the gradients in the inputs' layouts.
 """
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -63,10 +62,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from kernels.flash_attn.gluon_tma import as_box, box_desc, gl_dtype, smem_layout, tma_desc
+from kernels.flash_attn.tiles import LOG2E
+
 if TYPE_CHECKING:
     from kernels.flash_attn.launch import HopperConfig
 
-LOG2E = 1.4426950408889634
 
 
 # ----------------------------------------------------------------------------------------------
@@ -121,13 +122,6 @@ def _query_range(start_n, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl
 
 
 @gluon.jit
-def _as_box(buffer, desc):
-    """A 2-D shared-memory tile seen as the box of a 4-D descriptor, (1, 1, rows, d): the same bytes
-    (the swizzle follows the two inner dimensions)."""
-    return buffer._reinterpret(buffer.dtype, desc.block_type.shape, desc.layout)
-
-
-@gluon.jit
 def _load_tile(descs, rings, ready, s, row, m, seqlen_q, heads_q, lse_stride, STRIDED: gl.constexpr):
     """TMA loads of tile rows [row, row + BLOCK_M) of Q, dO, lse2 and delta into ring slot s
     (lse2 / delta from the copies padded to lse_stride rows per head). STRIDED: Q and dO through
@@ -139,8 +133,8 @@ def _load_tile(descs, rings, ready, s, row, m, seqlen_q, heads_q, lse_stride, ST
                     + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
     bh = (row - m) // seqlen_q  # batch · Hq + query head
     if STRIDED:
-        tma.async_copy_global_to_shared(q_desc, [bh // heads_q, bh % heads_q, m, 0], bar, _as_box(q_ring.index(s), q_desc))
-        tma.async_copy_global_to_shared(do_desc, [bh // heads_q, bh % heads_q, m, 0], bar, _as_box(do_ring.index(s), do_desc))
+        tma.async_copy_global_to_shared(q_desc, [bh // heads_q, bh % heads_q, m, 0], bar, as_box(q_ring.index(s), q_desc))
+        tma.async_copy_global_to_shared(do_desc, [bh // heads_q, bh % heads_q, m, 0], bar, as_box(do_ring.index(s), do_desc))
     else:
         tma.async_copy_global_to_shared(q_desc, [row, 0], bar, q_ring.index(s))
         tma.async_copy_global_to_shared(do_desc, [row, 0], bar, do_ring.index(s))
@@ -325,8 +319,8 @@ def bwd_hopper_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, dq_
 
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     if STRIDED:
-        tma.async_copy_global_to_shared(k_desc, [b, kvh, start_n, 0], kv_bar, _as_box(k_smem.index(0), k_desc))
-        tma.async_copy_global_to_shared(v_desc, [b, kvh, start_n, 0], kv_bar, _as_box(v_smem.index(0), v_desc))
+        tma.async_copy_global_to_shared(k_desc, [b, kvh, start_n, 0], kv_bar, as_box(k_smem.index(0), k_desc))
+        tma.async_copy_global_to_shared(v_desc, [b, kvh, start_n, 0], kv_bar, as_box(v_smem.index(0), v_desc))
     else:
         tma.async_copy_global_to_shared(k_desc, [kv_row0 + start_n, 0], kv_bar, k_smem.index(0))
         tma.async_copy_global_to_shared(v_desc, [kv_row0 + start_n, 0], kv_bar, v_smem.index(0))
@@ -344,29 +338,6 @@ def bwd_hopper_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, dq_
 # ----------------------------------------------------------------------------------------------
 # Host side
 # ----------------------------------------------------------------------------------------------
-def gl_dtype(torch_dtype: torch.dtype):
-    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[torch_dtype]
-
-
-@functools.lru_cache(maxsize=None)
-def _smem_layout(box: tuple[int, ...], elem) -> gl.NVMMASharedLayout:
-    # cached: working the layout out again cost ~10 µs of host time per descriptor
-    return gl.NVMMASharedLayout.get_default_for(list(box), elem)
-
-
-def tma_desc(t: torch.Tensor, block_rows: int, elem) -> TensorDescriptor:
-    """A 2-D descriptor over contiguous t viewed as (rows, last dim), box (block_rows, last dim)."""
-    box = (block_rows, t.shape[-1])
-    return TensorDescriptor.from_tensor(t.view(-1, t.shape[-1]), list(box), _smem_layout(box, elem))
-
-
-def box_desc(t: torch.Tensor, block_rows: int, elem) -> TensorDescriptor:
-    """A 4-D descriptor over (B, H, N, d) t with its own strides (unit stride along d, the others
-    16-byte multiples: launch.tma_ok), box (1, 1, block_rows, d)."""
-    box = (1, 1, block_rows, t.shape[-1])
-    return TensorDescriptor.from_tensor(t, list(box), _smem_layout(box, elem))
-
-
 def row_descs(lse2: torch.Tensor, delta: torch.Tensor, block_m: int) -> tuple[TensorDescriptor, TensorDescriptor, int]:
     """1-D TMA descriptors (box block_m) over lse2 and delta, each head's rows padded to a multiple
     of 32 (16-byte aligned box starts; no copy when Nq % 32 == 0), and that row stride."""
@@ -377,7 +348,7 @@ def row_descs(lse2: torch.Tensor, delta: torch.Tensor, block_m: int) -> tuple[Te
         padded[0, ..., :seqlen_q] = lse2
         padded[1, ..., :seqlen_q] = delta
         lse2, delta = padded[0], padded[1]
-    layout = _smem_layout((block_m,), gl.float32)
+    layout = smem_layout((block_m,), gl.float32)
     lse2, delta = lse2.contiguous(), delta.contiguous()
     return (TensorDescriptor.from_tensor(lse2.view(-1), [block_m], layout),
             TensorDescriptor.from_tensor(delta.view(-1), [block_m], layout), stride)
@@ -411,7 +382,7 @@ def backward_hopper(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     bwd_hopper_kernel[(triton.cdiv(seqlen_k, bn), heads_kv, batch)](
         *descs, lse_desc, delta_desc, tma_desc(dq_acc, bm, gl.float32), dk_out, dv_out, *dk_out.stride()[:3], *dv_out.stride()[:3],
-        heads_q, heads_kv, seqlen_q, seqlen_k, lse_stride, scale * LOG2E, scale,
+        heads_q, heads_kv, seqlen_q, seqlen_k, lse_stride, scale * LOG2E.value, scale,
         HEAD_DIM=head_dim, BLOCK_M=bm, BLOCK_N=bn, STAGES=config.STAGES, CAUSAL=causal,
         REMAT_DESC=config.REMAT_DESC, STRIDED=config.STRIDED, num_warps=config.num_warps,
     )

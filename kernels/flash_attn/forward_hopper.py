@@ -41,7 +41,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from kernels.flash_attn.backward_hopper import LOG2E, _as_box, box_desc, gl_dtype, tma_desc
+from kernels.flash_attn.gluon_tma import as_box, box_desc, gl_dtype, tma_desc
+from kernels.flash_attn.tiles import LOG2E
 
 if TYPE_CHECKING:
     from kernels.flash_attn.launch import HopperForwardConfig
@@ -55,7 +56,7 @@ def _load_rows(desc, ring_slot, bar, b, h, row0, start, STRIDED: gl.constexpr):
     """TMA load of rows [start, start + box rows) of head (b, h) into ring_slot, completion on bar.
     row0: the head's first row in the flattened 2-D view."""
     if STRIDED:
-        tma.async_copy_global_to_shared(desc, [b, h, start, 0], bar, _as_box(ring_slot, desc))
+        tma.async_copy_global_to_shared(desc, [b, h, start, 0], bar, as_box(ring_slot, desc))
     else:
         tma.async_copy_global_to_shared(desc, [row0 + start, 0], bar, ring_slot)
 
@@ -250,7 +251,7 @@ def forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
         q, k, v = (t.contiguous() for t in (q, k, v))
         descs = [tma_desc(t, rows, elem) for t, rows in ((q, ROWS_PER_WARPGROUP), (k, bn), (v, bn))]
     fwd_hopper_kernel[(triton.cdiv(seqlen_q, 2 * ROWS_PER_WARPGROUP), heads_q, batch)](
-        *descs, o_out, lse2, *o_out.stride()[:3], heads_q, heads_kv, seqlen_q, seqlen_k, scale * LOG2E,
+        *descs, o_out, lse2, *o_out.stride()[:3], heads_q, heads_kv, seqlen_q, seqlen_k, scale * LOG2E.value,
         HEAD_DIM=head_dim, BLOCK_N=bn, STAGES=config.STAGES, CAUSAL=causal, STRIDED=config.STRIDED,
         CONSUMER_REGS=config.CONSUMER_REGS, num_warps=4,
     )
