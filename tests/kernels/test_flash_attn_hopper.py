@@ -262,8 +262,18 @@ def test_hopper_forward_is_exact(head_dim, dtype, causal, seqlen_q, seqlen_k, he
 @on_hopper
 @pytest.mark.usefixtures("forward_strided")
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_hopper_forward_takes_the_models_views(head_dim):
-    qkv = torch.randn(2, 333, 3, 4, head_dim, device="cuda", dtype=BF16).permute(2, 0, 3, 1, 4)
+@pytest.mark.parametrize("layout", ["qkv_views", "bnhd", "d_strided"])
+def test_hopper_forward_takes_strided_inputs(head_dim, layout):
+    # the backward test's three layouts: the model's views of one projection, dense (B, N, H, D)
+    # seen as (B, H, N, D), and head_dim not the unit-stride dimension (copied before TMA)
+    batch, seqlen, heads = 2, 333, 4
+    if layout == "qkv_views":
+        qkv = torch.randn(batch, seqlen, 3, heads, head_dim, device="cuda", dtype=BF16).permute(2, 0, 3, 1, 4)
+    elif layout == "bnhd":
+        qkv = torch.randn(3, batch, seqlen, heads, head_dim, device="cuda", dtype=BF16).transpose(2, 3)
+    else:
+        qkv = torch.randn(3, batch, heads, head_dim, seqlen, device="cuda", dtype=BF16).transpose(3, 4)
+    assert not qkv[0].is_contiguous()
     check_forward(*qkv, True, "hopper")
 
 
