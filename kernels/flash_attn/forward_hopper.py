@@ -64,13 +64,13 @@ def _load_rows(desc, ring_slot, bar, b, h, row0, start, STRIDED: gl.constexpr):
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty,
               b, h, kvh, q_row0, kv_row0, start_m, n_blocks,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, STRIDED: gl.constexpr):
-    for w in gl.static_range(2):
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, STRIDED: gl.constexpr, CONSUMERS: gl.constexpr):
+    for w in gl.static_range(CONSUMERS):
         mbarrier.expect(q_bar.index(w), q_desc.block_type.nbytes)
         _load_rows(q_desc, q_smem.index(w), q_bar.index(w), b, h, q_row0, start_m + w * HALF, STRIDED)
     for j in range(n_blocks):
         s = j % STAGES
-        # the (j // STAGES)-th fill of slot s waits for both consumers' release of the previous one
+        # the (j // STAGES)-th fill of slot s waits for every consumer's release of the previous one
         # (parity ((j // STAGES) & 1) ^ 1, which a fresh barrier passes at once)
         phase = ((j // STAGES) & 1) ^ 1
         mbarrier.wait(k_empty.index(s), phase)
@@ -82,12 +82,23 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, v_
 
 
 @gluon.jit
+def _wait_turn(turn, t, W: gl.constexpr):
+    """Block until warpgroup W may issue its t-th GEMM block. The turn goes round the warpgroups in
+    order: warpgroup 0 goes first (its fresh barrier passes parity 1), each of the others waits for
+    its predecessor's arrive of the same round."""
+    if W == 0:
+        parity = (t & 1) ^ 1
+    else:
+        parity = t & 1
+    mbarrier.wait(turn.index(W), parity)
+
+
+@gluon.jit
 def _scores(q, k_ring, k_ready, turn, j, s_layout: gl.constexpr, W: gl.constexpr,
             BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """Wait for K_j and for this warpgroup's turn, issue S_j = Q Kᵀ_j (async, left in flight)."""
     mbarrier.wait(k_ready.index(j % STAGES), (j // STAGES) & 1)
-    # ping-pong: warpgroup 0 goes first (a fresh barrier passes parity 1), then they alternate
-    mbarrier.wait(turn.index(W), (j & 1) ^ (1 - W))
+    _wait_turn(turn, j, W)
     zero_s = gl.zeros([HALF, BLOCK_N], gl.float32, s_layout)
     return warpgroup_mma(q, k_ring.index(j % STAGES).permute((1, 0)), zero_s, use_acc=False, is_async=True)
 
@@ -117,7 +128,7 @@ def _softmax(s, m_i, l_i, j, rows, row_lo, offs_n, seqlen_k, offset, qk_scale,
 def _consumer(q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE,
               stride_on, lse_row0, start_m, n_blocks, seqlen_q, seqlen_k, qk_scale,
               HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-              W: gl.constexpr):
+              W: gl.constexpr, CONSUMERS: gl.constexpr):
     # S (64 × BLOCK_N) and O (64 × d) accumulators over one warpgroup; P as the register A operand
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
@@ -136,7 +147,7 @@ def _consumer(q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty,
 
     if n_blocks > 0:
         s = _scores(q, k_ring, k_ready, turn, 0, s_layout, W, BLOCK_N, STAGES)
-        mbarrier.arrive(turn.index(1 - W))
+        mbarrier.arrive(turn.index((W + 1) % CONSUMERS))
         s = warpgroup_mma_wait(0, deps=(s,))
         mbarrier.arrive(k_empty.index(0))
         p, m_i, l_i, alpha = _softmax(s, m_i, l_i, 0, rows, row_lo, offs_n, seqlen_k, offset, qk_scale, BLOCK_N, CAUSAL)
@@ -147,7 +158,7 @@ def _consumer(q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty,
             s = _scores(q, k_ring, k_ready, turn, j, s_layout, W, BLOCK_N, STAGES)
             mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
             acc = warpgroup_mma(p, v_ring.index(prev), acc, is_async=True)
-            mbarrier.arrive(turn.index(1 - W))
+            mbarrier.arrive(turn.index((W + 1) % CONSUMERS))
             s = warpgroup_mma_wait(1, deps=(s,))  # S_j has landed; PV_{j−1} may still run
             mbarrier.arrive(k_empty.index(j % STAGES))
             p32, m_i, l_i, alpha = _softmax(s, m_i, l_i, j, rows, row_lo, offs_n, seqlen_k, offset, qk_scale, BLOCK_N, CAUSAL)
@@ -157,9 +168,9 @@ def _consumer(q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty,
             p = gl.convert_layout(p32.to(ELEM), p_layout)
         last = (n_blocks - 1) % STAGES
         mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
-        mbarrier.wait(turn.index(W), (n_blocks & 1) ^ (1 - W))  # the last GEMM takes its turn too
+        _wait_turn(turn, n_blocks, W)  # the last GEMM takes its turn too
         acc = warpgroup_mma(p, v_ring.index(last), acc, is_async=True)
-        mbarrier.arrive(turn.index(1 - W))
+        mbarrier.arrive(turn.index((W + 1) % CONSUMERS))
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(v_empty.index(last))
 
@@ -180,8 +191,9 @@ def _consumer(q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty,
 def fwd_hopper_kernel(q_desc, k_desc, v_desc, OUT, LSE, stride_ob, stride_oh, stride_on,
                       heads_q, heads_kv, seqlen_q, seqlen_k, qk_scale,
                       HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                      CAUSAL: gl.constexpr, STRIDED: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    BLOCK_M: gl.constexpr = 2 * HALF
+                      CAUSAL: gl.constexpr, STRIDED: gl.constexpr, CONSUMERS: gl.constexpr,
+                      CONSUMER_REGS: gl.constexpr):
+    BLOCK_M: gl.constexpr = CONSUMERS * HALF
     pid_m = gl.program_id(0)
     if CAUSAL:  # the last query blocks see the most keys: launched first, they shorten the tail
         pid_m = gl.num_programs(0) - 1 - pid_m
@@ -199,36 +211,48 @@ def fwd_hopper_kernel(q_desc, k_desc, v_desc, OUT, LSE, stride_ob, stride_oh, st
     OUT += b * stride_ob + h * stride_oh
 
     ELEM: gl.constexpr = k_desc.dtype
-    q_smem = gl.allocate_shared_memory(ELEM, [2, HALF, HEAD_DIM], gl.NVMMASharedLayout.get_default_for([HALF, HEAD_DIM], ELEM))
+    q_smem = gl.allocate_shared_memory(ELEM, [CONSUMERS, HALF, HEAD_DIM], gl.NVMMASharedLayout.get_default_for([HALF, HEAD_DIM], ELEM))
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], ELEM)
     k_ring = gl.allocate_shared_memory(ELEM, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     v_ring = gl.allocate_shared_memory(ELEM, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
+    for i in gl.static_range(CONSUMERS):
         mbarrier.init(q_bar.index(i), count=1)
         mbarrier.init(turn.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)  # both consumers release a slot
-        mbarrier.init(v_empty.index(i), count=2)
+        mbarrier.init(k_empty.index(i), count=CONSUMERS)  # every consumer releases a slot
+        mbarrier.init(v_empty.index(i), count=CONSUMERS)
     fence_async_shared()
 
-    # (the two consumers' argument lists written out: a constexpr inside a tuple built here would
-    # reach them as a tensor)
-    gl.warp_specialize([
-        (_consumer, (q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE, stride_on,
-                     q_row0, start_m, n_blocks, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0)),
-        (_consumer, (q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE, stride_on,
-                     q_row0, start_m, n_blocks, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 1)),
-        (_producer, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty,
-                     b, h, kvh, q_row0, kv_row0, start_m, n_blocks, BLOCK_N, STAGES, STRIDED)),
-    ], [4, 1], [CONSUMER_REGS, 24])  # the second consumer warpgroup, the 1-warp producer
+    # (the consumers' argument lists written out: a constexpr inside a tuple built here would reach
+    # them as a tensor)
+    if CONSUMERS == 2:
+        gl.warp_specialize([
+            (_consumer, (q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE, stride_on,
+                         q_row0, start_m, n_blocks, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0, 2)),
+            (_consumer, (q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE, stride_on,
+                         q_row0, start_m, n_blocks, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 1, 2)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty,
+                         b, h, kvh, q_row0, kv_row0, start_m, n_blocks, BLOCK_N, STAGES, STRIDED, 2)),
+        ], [4, 1], [CONSUMER_REGS, 24])  # the second consumer warpgroup, the 1-warp producer
+    else:  # three warpgroups of 64 rows (FlashAttention-3's 192-row tile at d=64)
+        gl.warp_specialize([
+            (_consumer, (q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE, stride_on,
+                         q_row0, start_m, n_blocks, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0, 3)),
+            (_consumer, (q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE, stride_on,
+                         q_row0, start_m, n_blocks, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 1, 3)),
+            (_consumer, (q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE, stride_on,
+                         q_row0, start_m, n_blocks, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 2, 3)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty,
+                         b, h, kvh, q_row0, kv_row0, start_m, n_blocks, BLOCK_N, STAGES, STRIDED, 3)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
 
 def forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
@@ -250,10 +274,10 @@ def forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     else:
         q, k, v = (t.contiguous() for t in (q, k, v))
         descs = [tma_desc(t, rows, elem) for t, rows in ((q, ROWS_PER_WARPGROUP), (k, bn), (v, bn))]
-    fwd_hopper_kernel[(triton.cdiv(seqlen_q, 2 * ROWS_PER_WARPGROUP), heads_q, batch)](
+    fwd_hopper_kernel[(triton.cdiv(seqlen_q, config.CONSUMERS * ROWS_PER_WARPGROUP), heads_q, batch)](
         *descs, o_out, lse2, *o_out.stride()[:3], heads_q, heads_kv, seqlen_q, seqlen_k, scale * LOG2E.value,
         HEAD_DIM=head_dim, BLOCK_N=bn, STAGES=config.STAGES, CAUSAL=causal, STRIDED=config.STRIDED,
-        CONSUMER_REGS=config.CONSUMER_REGS, num_warps=4,
+        CONSUMERS=config.CONSUMERS, CONSUMER_REGS=config.CONSUMER_REGS, num_warps=4,
     )
     if o_out is not o:
         o.copy_(o_out)

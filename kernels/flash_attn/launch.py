@@ -226,13 +226,15 @@ class HopperConfig:
 
 @dataclasses.dataclass(frozen=True)
 class HopperForwardConfig:
-    """Launch settings of the Hopper forward (forward_hopper.py, Gluon): 128 query rows per program
-    (two consumer warpgroups of 64), BLOCK_N keys per tile, STAGES slots in the K / V ring,
-    CONSUMER_REGS registers per thread of the second consumer warpgroup (setmaxnreg; the producer
-    warp gets 24, the first consumer what is left), STRIDED as HopperConfig's."""
+    """Launch settings of the Hopper forward (forward_hopper.py, Gluon): CONSUMERS warpgroups of 64
+    query rows per program (2: 128 rows; 3: FlashAttention-3's 192-row tile at d=64, compiled for
+    sm_90 but not yet run on a GPU), BLOCK_N keys per tile, STAGES slots in the K / V ring,
+    CONSUMER_REGS registers per thread of each consumer warpgroup after the first (setmaxnreg; the
+    producer warp gets 24, the first consumer what is left), STRIDED as HopperConfig's."""
 
     BLOCK_N: int = 128
     STAGES: int = 2
+    CONSUMERS: int = 2
     CONSUMER_REGS: int = 240
     STRIDED: bool = False
 

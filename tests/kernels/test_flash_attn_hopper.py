@@ -279,6 +279,19 @@ def test_hopper_forward_takes_strided_inputs(head_dim, layout):
 
 @pytest.mark.gpu
 @on_hopper
+@pytest.mark.parametrize("head_dim,dtype,causal,seqlen_q,seqlen_k,heads",
+                         [c for c in _gpu_cases() if c.values[0] == 64])
+def test_hopper_forward_with_three_consumer_warpgroups_is_exact(monkeypatch, head_dim, dtype, causal, seqlen_q, seqlen_k,
+                                                                heads):
+    # CONSUMERS=3 (192-row programs, the turn going round three warpgroups): compiled, not in the table
+    config = launch.HopperForwardConfig(STAGES=2, CONSUMERS=3, CONSUMER_REGS=160, STRIDED=True)
+    monkeypatch.setitem(launch.HOPPER_FORWARD, ("d64", "16bit"), config)
+    q, k, v = make_qkv(2, heads[0], heads[1], seqlen_q, seqlen_k, head_dim, dtype, requires_grad=False)
+    check_forward(q, k, v, causal, "hopper")
+
+
+@pytest.mark.gpu
+@on_hopper
 @pytest.mark.parametrize("head_dim,causal", [(128, True), (128, False)])
 def test_tl_forward_stays_exact_where_hopper_is_picked(head_dim, causal):
     # the portable kernel is the reference: forced, it must stay exact on the shapes Hopper now takes
