@@ -140,23 +140,26 @@ def test_hopper_backward_is_exact(head_dim, dtype, causal, seqlen_q, seqlen_k, h
     check_against_reference(q, k, v, causal, schedule="hopper")
 
 
-@pytest.mark.gpu
-@on_hopper
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("layout", ["qkv_views", "bnhd", "d_strided"])
-def test_hopper_backward_takes_strided_inputs(head_dim, layout, strided):
-    # qkv_views: the model's q, k, v, views of one (B, N, 3, H, D) projection (not dense);
-    # bnhd: dense (B, N, H, D) tensors seen as (B, H, N, D), as torch.compile may hand them over;
-    # d_strided: head_dim not the unit-stride dimension
-    batch, seqlen, heads = 2, 333, 4
+def strided_qkv(layout: str, head_dim: int, batch: int = 2, seqlen: int = 333, heads: int = 4) -> torch.Tensor:
+    """q, k, v (stacked) in a layout that is not contiguous. qkv_views: the model's, views of one
+    (B, N, 3, H, D) projection (not dense); bnhd: dense (B, N, H, D) tensors seen as (B, H, N, D), as
+    torch.compile may hand them over; d_strided: head_dim not the unit-stride dimension."""
     if layout == "qkv_views":
         qkv = torch.randn(batch, seqlen, 3, heads, head_dim, device="cuda", dtype=BF16).permute(2, 0, 3, 1, 4)
     elif layout == "bnhd":
         qkv = torch.randn(3, batch, seqlen, heads, head_dim, device="cuda", dtype=BF16).transpose(2, 3)
     else:
         qkv = torch.randn(3, batch, heads, head_dim, seqlen, device="cuda", dtype=BF16).transpose(3, 4)
-    q, k, v = (t.detach().requires_grad_() for t in qkv)
-    assert not q.is_contiguous()
+    assert not qkv[0].is_contiguous()
+    return qkv
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("layout", ["qkv_views", "bnhd", "d_strided"])
+def test_hopper_backward_takes_strided_inputs(head_dim, layout, strided):
+    q, k, v = (t.detach().requires_grad_() for t in strided_qkv(layout, head_dim))
     check_against_reference(q, k, v, True, schedule="hopper")
 
 
@@ -264,17 +267,7 @@ def test_hopper_forward_is_exact(head_dim, dtype, causal, seqlen_q, seqlen_k, he
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("layout", ["qkv_views", "bnhd", "d_strided"])
 def test_hopper_forward_takes_strided_inputs(head_dim, layout):
-    # the backward test's three layouts: the model's views of one projection, dense (B, N, H, D)
-    # seen as (B, H, N, D), and head_dim not the unit-stride dimension (copied before TMA)
-    batch, seqlen, heads = 2, 333, 4
-    if layout == "qkv_views":
-        qkv = torch.randn(batch, seqlen, 3, heads, head_dim, device="cuda", dtype=BF16).permute(2, 0, 3, 1, 4)
-    elif layout == "bnhd":
-        qkv = torch.randn(3, batch, seqlen, heads, head_dim, device="cuda", dtype=BF16).transpose(2, 3)
-    else:
-        qkv = torch.randn(3, batch, heads, head_dim, seqlen, device="cuda", dtype=BF16).transpose(3, 4)
-    assert not qkv[0].is_contiguous()
-    check_forward(*qkv, True, "hopper")
+    check_forward(*strided_qkv(layout, head_dim), True, "hopper")
 
 
 @pytest.mark.gpu
