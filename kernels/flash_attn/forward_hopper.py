@@ -1,23 +1,25 @@
 """The Hopper fast path for the forward: FlashAttention-3's ping-pong schedule in Gluon.
 
 The same online softmax as forward.py (read that file first: it is the algorithm, this one is its
-schedule on an sm_90 GPU). One program owns BLOCK_M = 2 × 64 query rows of one (batch, head);
-grid (query blocks, Hq, B). Three partitions (gl.warp_specialize):
+schedule on an sm_90 GPU). One program owns BLOCK_M = CONSUMERS × 64 query rows of one (batch,
+head) (CONSUMERS = 2 in the launch table); grid (query blocks, Hq, B). Partitions
+(gl.warp_specialize):
 
-    producer (1 warp):  Q's two halves by TMA, then K_j and V_j into a STAGES-deep ring
-    consumer w (w = 0, 1; one warpgroup each, query rows [64·w, 64·w + 64) of the block):
+    producer (1 warp):  Q's 64-row slices by TMA, then K_j and V_j into a STAGES-deep ring
+    consumer w (one warpgroup each, query rows [64·w, 64·w + 64) of the block):
         S_0 = Q Kᵀ_0;  softmax_0
         for j = 1 .. n−1:
-            ─ wait for my turn ─  S_j = Q Kᵀ_j  and  O += P_{j−1} V_{j−1}   (async wgmma)  ─ your turn ─
+            ─ wait for my turn ─  S_j = Q Kᵀ_j  and  O += P_{j−1} V_{j−1}   (async wgmma)  ─ next one's turn ─
             softmax_j on S_j (m, l, P_j; α = e^{m_{j−1} − m_j})   while PV_{j−1} still runs
             O ← α · O (once PV_{j−1} has landed)
         O += P_{n−1} V_{n−1};  O / l, LSE = m + log2 l
 
-Two overlaps hide the exponentials (the forward's real bottleneck: the tensor cores are ~16×
-faster than the exp2 units): inside a warpgroup, softmax_j runs while PV_{j−1} is on the tensor
-cores; across the two, the turn barriers make them take turns at issuing GEMMs, so one's softmax
-runs while the other's GEMMs do. v5 of docs/perf-notes.md measured a draft without the
-second overlap (one 8-warp partition): slower than the `tl` kernel.
+Two overlaps hide the exponentials. An H100 / H200 does 989 TFLOP/s of bf16 matmul but ~3.9 T
+exp2 per second (FlashAttention-3's figures), so at d=64 a tile's exponentials take about as long
+as its two GEMMs (4·d FLOPs per score): inside a warpgroup, softmax_j runs while PV_{j−1} is on
+the tensor cores; across warpgroups, the turn barriers make them take turns at issuing GEMMs, so
+one's softmax runs while another's GEMMs do. v5 of docs/perf-notes.md measured a draft without
+the second overlap (one 8-warp partition): slower than the `tl` kernel.
 
 Edges: Q / K / V through 2-D descriptors over the flattened (B·H·N, d) tensors, or (STRIDED) 4-D
 ones over the callers' (B, H, N, d) strides. Key rows past Nk (the next head's, or TMA's zero
