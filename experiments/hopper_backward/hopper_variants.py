@@ -13,6 +13,10 @@ HOPPER_VARIANTS = {
     "hopper_s2_hoist": HopperConfig(STAGES=2, REMAT_DESC=False),  # descriptors hoisted: spills at d=128
     # 128-row query tiles, FA3's d=64 tile (at d=128 they don't fit shared memory); no spills at d=64 full
     "hopper_bm128": HopperConfig(BLOCK_M=128, STAGES=2),
+    # the same with the table's strided descriptors (session 6's one run of hopper_bm128 at d=64: 5.6 %
+    # faster than 64 rows at full 8K, 1.3 % slower at full 32K; hoisting the descriptors as d=64's
+    # table does spills 32-60 bytes at 128 rows, so they stay rebuilt in the loop)
+    "hopper_bm128_strided": HopperConfig(BLOCK_M=128, STAGES=2, STRIDED=True),
     # the table's configs: 4-D descriptors over the inputs' strides (no copies; docs/perf-notes.md v8)
     "hopper_s2_strided": HopperConfig(STAGES=2, STRIDED=True),
     "hopper_s2_hoist_strided": HopperConfig(STAGES=2, REMAT_DESC=False, STRIDED=True),
