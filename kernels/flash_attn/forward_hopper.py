@@ -259,7 +259,7 @@ def fwd_hopper_kernel(q_desc, k_desc, v_desc, OUT, LSE, stride_ob, stride_oh, st
 
 def forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
                    config: HopperForwardConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """OUT (q's dtype and layout) and LSE in base 2 (float32 (B, Hq, Nq)), as launch.forward.
+    """O (q's dtype and layout) and LSE in base 2 (float32 (B, Hq, Nq)), as launch.forward.
     q (B, Hq, Nq, d), k, v (B, Hkv, Nk, d), bf16 / fp16, d 64 or 128."""
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
