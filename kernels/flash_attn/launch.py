@@ -448,8 +448,8 @@ HOPPER_MIN_SEQLEN: dict[tuple[str, str], int] = {
 
 # The Hopper forward (forward_hopper.py): its launch settings, and from which key length
 # fastest_forward picks it over forward.py's kernel (H200, bf16, 16 heads, B·N = 16384, causal
-# and full: docs/perf-notes.md, v8). d=128: 16-20 % faster from N = 1024; d=64: 1-10 % from
-# 8192, even at 4096, 8-16 % slower at 1024-2048 (a program's fixed cost over few key blocks).
+# and full: docs/perf-notes.md, v8). d=128: 16-20 % faster from N = 1024; d=64: 0.5-10 % from
+# 8192, even at 4096, 5-16 % slower at 1024-2048 (a program's fixed cost over few key blocks).
 HOPPER_FORWARD: dict[tuple[str, str], HopperForwardConfig] = {
     ("d64", "16bit"): HopperForwardConfig(STAGES=2, STRIDED=True),
     ("d128", "16bit"): HopperForwardConfig(STAGES=2, STRIDED=True),
