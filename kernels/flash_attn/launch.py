@@ -354,8 +354,8 @@ def backward_fused(do, q, k, v, lse2, delta, causal: bool, scale: float, config:
 
 
 def hopper_unsupported(q: torch.Tensor, k: torch.Tensor, masked: bool = False) -> str | None:
-    """Why the Hopper kernels (the Gluon forward and single-pass backward) can't take these inputs (masked: a window or documents),
-    a reason to show the user; None if it can."""
+    """Why the Hopper kernels (the Gluon forward and single-pass backward) can't take these inputs
+    (masked: a window or documents), a reason to show the user; None if they can."""
     on_gpu = not interpreting() and q.device.type == "cuda"
     return hopper_reason(_capability(q.device) if on_gpu else None, q.dtype, q.shape[-1], masked,
                          max(q.numel(), k.numel()))
