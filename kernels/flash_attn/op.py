@@ -65,6 +65,10 @@ def _backward(ctx, do, _dlse):
     return dq, dk, dv, None, None, None, None, None, None
 
 
+# torch.compile's on-disk caches key a compiled backward by the forward graph only: a change to
+# _backward or to flash_attn_bwd's schema is invisible to them (pytorch/pytorch#144344), and a
+# warm cache would then run the old backward graph against the new op. Such a change must also
+# change flash_attn_fwd's name or schema.
 flash_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
