@@ -43,7 +43,7 @@ def fused_hbm_bytes(shape: Shape, impl: str) -> tuple[float, float]:
     nd = shape.batch * shape.heads * shape.seqlen * shape.head_dim * shape.elem
     nd32 = shape.batch * shape.heads * shape.seqlen * shape.head_dim * 4
     stat = shape.batch * shape.heads * shape.seqlen * 4
-    if impl in ("flash", "flash_two_pass"):  # flash modelled as the two passes, its schedule off Hopper
+    if impl in ("flash", "flash_two_pass", "flash_portable"):  # flash modelled as the two passes, its schedule off Hopper
         kernels = [  # (reads, writes)
             (3 * nd, nd + stat),                # forward: q, k, v -> o, lse
             (2 * nd, stat),                     # preprocess: o, dO -> delta = rowsum(dO ∘ O)

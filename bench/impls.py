@@ -9,6 +9,8 @@ measure exactly what `train.py attention=...` runs; flex is benchmark-only.
     flash_two_pass  ours with the deterministic two-pass backward (attention.deterministic=true)
     flash_fused     ours with the single-pass backward forced (dQ by atomic adds; TMA reduce-add on Hopper)
     flash_hopper    ours with the Gluon single-pass backward forced (sm_90 GPUs, head_dim 64 / 128)
+    flash_portable  ours on the portable `tl` kernels only (forward.py and the two-pass backward): what
+                    runs off Hopper, beside the Gluon fast path that `flash` takes on an H100 / H200
     sdpa            torch scaled_dot_product_attention, PyTorch's own backend choice
     sdpa_cudnn, sdpa_flash, sdpa_efficient, sdpa_math   SDPA pinned to one backend (sdpa_kernel)
     flex            torch FlexAttention under torch.compile; causal through a block mask
@@ -28,7 +30,8 @@ from model.attention import get_attention
 AttnFn = Callable[[Tensor, Tensor, Tensor, bool], Tensor]
 
 SDPA_PINNED = {"sdpa_cudnn": "cudnn", "sdpa_flash": "flash", "sdpa_efficient": "efficient", "sdpa_math": "math"}
-IMPL_NAMES = ("naive", "flash", "flash_two_pass", "flash_fused", "flash_hopper", "sdpa", *SDPA_PINNED, "flex")
+IMPL_NAMES = ("naive", "flash", "flash_two_pass", "flash_fused", "flash_hopper", "flash_portable", "sdpa", *SDPA_PINNED,
+              "flex")
 FORCED_SCHEDULES = {"flash_fused": "fused", "flash_hopper": "hopper"}  # ours with a backward schedule forced
 
 # How many compiled variants of one function (one per shape and mask: compiled with dynamic=False,
@@ -90,7 +93,31 @@ def make_impl(name: str) -> AttnFn:
         return get_attention("flash", deterministic=True)
     if name in FORCED_SCHEDULES:
         return functools.partial(_flash_scheduled, schedule=FORCED_SCHEDULES[name])
+    if name == "flash_portable":
+        return _Portable.apply
     return get_attention(name)
+
+
+class _Portable(torch.autograd.Function):
+    """The launchers with the `tl` kernels forced: the public function picks the Gluon ones on
+    sm_90, and its ops take no kernel choice (an eager-only benchmark needs none)."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
+        from kernels.flash_attn import launch
+
+        scale = q.shape[-1] ** -0.5
+        o, lse2 = launch.forward(q, k, v, causal, scale, kernel="tl")
+        ctx.save_for_backward(q, k, v, o, lse2)
+        ctx.causal, ctx.scale = causal, scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do: Tensor):
+        from kernels.flash_attn import launch
+
+        q, k, v, o, lse2 = ctx.saved_tensors
+        return (*launch.backward(do, q, k, v, o, lse2, ctx.causal, ctx.scale, "two_pass"), None)
 
 
 def _flash_scheduled(q: Tensor, k: Tensor, v: Tensor, causal: bool, schedule: str) -> Tensor:
