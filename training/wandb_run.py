@@ -40,9 +40,9 @@ TOKENS = "train/tokens"  # the x-axis: tokens trained on so far (all ranks), con
 # aggregates are the final/* keys, set once at the end
 STEP_SUMMARIES = {"train/loss": "min,last", "val/loss": "min,last", "perf/*": "none", "lr": None,
                   "time/elapsed_s": None, "train/skipped_steps": None}
-# flash's kernels per backward schedule (kernels.flash_attn.launch.SCHEDULES): what its launch settings list
-# ("hopper": the Gluon backward's settings are launch.HOPPER_BACKWARD's, shown as bwd_hopper)
-FLASH_KERNELS = {"two_pass": ("fwd", "bwd_dq", "bwd_dkdv"), "fused": ("fwd", "bwd_fused"), "hopper": ("fwd",)}
+# flash's `tl` backward kernels per schedule (kernels.flash_attn.launch.SCHEDULES): what its launch
+# settings list ("hopper": the Gluon backward's settings are launch.HOPPER_BACKWARD's, shown as bwd_hopper)
+BACKWARD_KERNELS = {"two_pass": ("bwd_dq", "bwd_dkdv"), "fused": ("bwd_fused",), "hopper": ()}
 
 
 def names(cfg: DictConfig) -> tuple[str, str]:
@@ -98,11 +98,12 @@ def kernel_settings(cfg: DictConfig, dtype: str, device: str) -> dict[str, Any] 
         "tma": "where the tensors' layout allows it (kernels.flash_attn.launch.tma_ok)",
     }
     block_d = _launch_args(q)["BLOCK_D"]  # the head dim as the launchers pad it
-    for kernel in FLASH_KERNELS[schedule]:
-        if not (kernel == "fwd" and forward == "hopper"):
-            settings[kernel] = dataclasses.asdict(kernel_config(kernel, block_d, q.dtype, causal=True))
     if forward == "hopper":
         settings["fwd_hopper"] = dataclasses.asdict(HOPPER_FORWARD[_table_key(head_dim, q.dtype)])
+    else:
+        settings["fwd"] = dataclasses.asdict(kernel_config("fwd", block_d, q.dtype, causal=True))
+    for kernel in BACKWARD_KERNELS[schedule]:
+        settings[kernel] = dataclasses.asdict(kernel_config(kernel, block_d, q.dtype, causal=True))
     if schedule == "hopper":
         settings["bwd_hopper"] = dataclasses.asdict(HOPPER_BACKWARD[_table_key(head_dim, q.dtype)])
     return settings
