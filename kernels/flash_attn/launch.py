@@ -250,7 +250,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     only) or "fastest" (fastest_forward's pick; "tl" when a config or tile_counter is given)."""
     if kernel not in FORWARD_KERNELS:
         raise ValueError(f"kernel must be one of {', '.join(map(repr, FORWARD_KERNELS))}, got {kernel!r}")
-    masked = tuple(window_size) != (-1, -1) or document_ids is not None
+    masked = is_masked(window_size, document_ids)
     if kernel == "fastest":
         kernel = "tl" if config is not None or tile_counter is not None else fastest_forward(q, k, masked)
     elif kernel == "hopper" and (reason := hopper_unsupported(q, k, masked)) is not None:
@@ -353,6 +353,11 @@ def backward_fused(do, q, k, v, lse2, delta, causal: bool, scale: float, config:
     return dq_acc.to(q.dtype), dk, dv  # the cast is a no-op for float32 inputs
 
 
+def is_masked(window_size: tuple[int, int], document_ids: torch.Tensor | None) -> bool:
+    """A sliding window or document ids: what the Hopper kernels don't take."""
+    return tuple(window_size) != (-1, -1) or document_ids is not None
+
+
 def hopper_unsupported(q: torch.Tensor, k: torch.Tensor, masked: bool = False) -> str | None:
     """Why the Hopper kernels (the Gluon forward and single-pass backward) can't take these inputs
     (masked: a window or documents), a reason to show the user; None if they can."""
@@ -413,10 +418,16 @@ def gpu_schedule(capability: tuple[int, int], dtype: torch.dtype, head_dim: int,
     """fastest_schedule's pick on a GPU, from plain facts."""
     if capability[0] < 9:
         return "two_pass"
-    key = _table_key(head_dim, dtype)
-    if seqlen_k >= HOPPER_MIN_SEQLEN.get(key, 2**62) and hopper_reason(capability, dtype, head_dim, masked, numel) is None:
+    if _hopper_ahead(HOPPER_MIN_SEQLEN, capability, dtype, head_dim, seqlen_k, masked, numel):
         return "hopper"
-    return "fused" if FUSED_FASTER.get(key, False) else "two_pass"
+    return "fused" if FUSED_FASTER.get(_table_key(head_dim, dtype), False) else "two_pass"
+
+
+def _hopper_ahead(min_seqlen: dict[tuple[str, str], int], capability: tuple[int, int], dtype: torch.dtype,
+                  head_dim: int, seqlen_k: int, masked: bool, numel: int) -> bool:
+    """Does a Hopper kernel take these inputs at a key length its table (min_seqlen) measured it ahead?"""
+    return (seqlen_k >= min_seqlen.get(_table_key(head_dim, dtype), 2**62)
+            and hopper_reason(capability, dtype, head_dim, masked, numel) is None)
 
 
 # Register caps for the document-mask variants, (kernel, head dim class, dtype class) -> registers
@@ -472,10 +483,7 @@ def fastest_forward(q: torch.Tensor, k: torch.Tensor, masked: bool = False) -> s
 def gpu_forward_kernel(capability: tuple[int, int], dtype: torch.dtype, head_dim: int, seqlen_k: int, masked: bool,
                        numel: int) -> str:
     """fastest_forward's pick on a GPU, from plain facts."""
-    key = _table_key(head_dim, dtype)
-    if seqlen_k >= HOPPER_FORWARD_MIN_SEQLEN.get(key, 2**62) and hopper_reason(capability, dtype, head_dim, masked, numel) is None:
-        return "hopper"
-    return "tl"
+    return "hopper" if _hopper_ahead(HOPPER_FORWARD_MIN_SEQLEN, capability, dtype, head_dim, seqlen_k, masked, numel) else "tl"
 
 
 SCHEDULES = ("two_pass", "fused", "hopper", "fastest")
@@ -489,7 +497,7 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     (fastest_schedule's pick for these inputs)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(map(repr, SCHEDULES))}, got {schedule!r}")
-    masked = tuple(window_size) != (-1, -1) or document_ids is not None
+    masked = is_masked(window_size, document_ids)
     if schedule == "fastest":  # its pick has passed hopper_unsupported's checks
         schedule = fastest_schedule(q, k, masked)
     elif schedule == "hopper" and (reason := hopper_unsupported(q, k, masked)) is not None:
