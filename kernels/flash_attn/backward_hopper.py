@@ -62,7 +62,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from kernels.flash_attn.gluon_tma import as_box, box_desc, gl_dtype, smem_layout, tma_desc
+from kernels.flash_attn.gluon_tma import as_box, gl_dtype, operand_descs, smem_layout, store_target, tma_desc
 from kernels.flash_attn.tiles import LOG2E
 
 if TYPE_CHECKING:
@@ -367,17 +367,9 @@ def backward_hopper(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     # and the custom op's fake kernel promises them to torch.compile. The kernel stores dK, dV by
     # pointer with unit stride along d: a layout strided there goes through a contiguous buffer.
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-    dk_out, dv_out = (g if g.stride(-1) == 1 else torch.empty(g.shape, device=g.device, dtype=g.dtype) for g in (dk, dv))
+    dk_out, dv_out = store_target(dk), store_target(dv)
     bm, bn = config.BLOCK_M, config.BLOCK_N
-    if config.STRIDED:  # 4-D descriptors over the tensors' own strides; a copy only where TMA can't
-        from kernels.flash_attn.launch import tma_ok
-
-        q, k, v, do = (t if tma_ok(t) else t.contiguous() for t in (q, k, v, do))
-        descs = [box_desc(t, rows, elem) for t, rows in ((q, bm), (do, bm), (k, bn), (v, bn))]
-    else:  # 2-D descriptors need each head's rows back to back: the model's q, k, v, dO are
-        # strided views, and these copies cost about what the single pass saves at N ≈ 8K (perf-notes v7)
-        q, k, v, do = (t.contiguous() for t in (q, k, v, do))
-        descs = [tma_desc(t, rows, elem) for t, rows in ((q, bm), (do, bm), (k, bn), (v, bn))]
+    descs = operand_descs([(q, bm), (do, bm), (k, bn), (v, bn)], elem, config.STRIDED)
     lse_desc, delta_desc, lse_stride = row_descs(lse2, delta, bm)
     dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     bwd_hopper_kernel[(triton.cdiv(seqlen_k, bn), heads_kv, batch)](

@@ -43,7 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from kernels.flash_attn.gluon_tma import as_box, box_desc, gl_dtype, tma_desc
+from kernels.flash_attn.gluon_tma import as_box, gl_dtype, operand_descs, store_target
 from kernels.flash_attn.tiles import LOG2E
 
 if TYPE_CHECKING:
@@ -265,17 +265,10 @@ def forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     elem = gl_dtype(q.dtype)
     o = torch.empty_like(q)
-    o_out = o if o.stride(-1) == 1 else torch.empty(o.shape, device=o.device, dtype=o.dtype)
+    o_out = store_target(o)
     lse2 = torch.empty((batch, heads_q, seqlen_q), device=q.device, dtype=torch.float32)
     bn = config.BLOCK_N
-    if config.STRIDED:
-        from kernels.flash_attn.launch import tma_ok
-
-        q, k, v = (t if tma_ok(t) else t.contiguous() for t in (q, k, v))
-        descs = [box_desc(t, rows, elem) for t, rows in ((q, ROWS_PER_WARPGROUP), (k, bn), (v, bn))]
-    else:
-        q, k, v = (t.contiguous() for t in (q, k, v))
-        descs = [tma_desc(t, rows, elem) for t, rows in ((q, ROWS_PER_WARPGROUP), (k, bn), (v, bn))]
+    descs = operand_descs([(q, ROWS_PER_WARPGROUP), (k, bn), (v, bn)], elem, config.STRIDED)
     fwd_hopper_kernel[(triton.cdiv(seqlen_q, config.CONSUMERS * ROWS_PER_WARPGROUP), heads_q, batch)](
         *descs, o_out, lse2, *o_out.stride()[:3], heads_q, heads_kv, seqlen_q, seqlen_k, scale * LOG2E.value,
         HEAD_DIM=head_dim, BLOCK_N=bn, STAGES=config.STAGES, CAUSAL=causal, STRIDED=config.STRIDED,

@@ -1,5 +1,6 @@
 """What the Gluon kernels (forward_hopper.py, backward_hopper.py) share: TMA descriptors over the
-callers' tensors, their shared-memory layouts, and the view of a 4-D box as a 2-D tile."""
+callers' tensors, their shared-memory layouts, the view of a 4-D box as a 2-D tile, and the
+buffers their pointer stores need."""
 from __future__ import annotations
 
 import functools
@@ -38,3 +39,22 @@ def box_desc(t: torch.Tensor, block_rows: int, elem) -> TensorDescriptor:
     16-byte multiples: launch.tma_ok), box (1, 1, block_rows, d)."""
     box = (1, 1, block_rows, t.shape[-1])
     return TensorDescriptor.from_tensor(t, list(box), smem_layout(box, elem))
+
+
+def operand_descs(operands: list[tuple[torch.Tensor, int]], elem, strided: bool) -> list[TensorDescriptor]:
+    """Descriptors over (B, H, N, d) operands, each with its box rows. strided: 4-D over each
+    tensor's own strides, a contiguous copy only where TMA can't read them (launch.tma_ok); else
+    2-D over contiguous copies, which need each head's rows back to back (the model's q, k, v, dO
+    are strided views: the copies cost about what the single-pass backward saves at N ≈ 8K,
+    docs/perf-notes.md v7)."""
+    from kernels.flash_attn.launch import tma_ok  # launch imports these modules lazily: no cycle at import
+
+    if strided:
+        return [box_desc(t if tma_ok(t) else t.contiguous(), rows, elem) for t, rows in operands]
+    return [tma_desc(t.contiguous(), rows, elem) for t, rows in operands]
+
+
+def store_target(t: torch.Tensor) -> torch.Tensor:
+    """Where a kernel that stores rows by pointer (unit stride along d) writes t: t itself, or a
+    contiguous buffer to copy into t afterwards when t is strided along d."""
+    return t if t.stride(-1) == 1 else torch.empty(t.shape, device=t.device, dtype=t.dtype)
