@@ -355,18 +355,19 @@ def row_descs(lse2: torch.Tensor, delta: torch.Tensor, block_m: int) -> tuple[Te
 
 
 def backward_hopper(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse2: torch.Tensor,
-                    delta: torch.Tensor, causal: bool, scale: float,
-                    config: HopperConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    delta: torch.Tensor, causal: bool, scale: float, config: HopperConfig,
+                    dq_float32: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV) in one pass. q, do (B, Hq, Nq, d), k, v (B, Hkv, Nk, d), bf16 / fp16, d 64 or 128
     (launch.hopper_unsupported checks the rest); lse2 (base 2) from launch.forward; delta =
-    launch.backward_delta(o, do)."""
+    launch.backward_delta(o, do). dq_float32: dQ as the float32 sum itself (contiguous), uncast."""
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     elem = gl_dtype(q.dtype)
     # dQ, dK, dV in q's, k's and v's layouts (torch.empty_like), as the `tl` launchers return them
     # and the custom op's fake kernel promises them to torch.compile. The kernel stores dK, dV by
     # pointer with unit stride along d: a layout strided there goes through a contiguous buffer.
-    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    dq = None if dq_float32 else torch.empty_like(q)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
     dk_out, dv_out = store_target(dk), store_target(dv)
     bm, bn = config.BLOCK_M, config.BLOCK_N
     descs = operand_descs([(q, bm), (do, bm), (k, bn), (v, bn)], elem, config.STRIDED)
@@ -381,4 +382,6 @@ def backward_hopper(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     for grad, out in ((dk, dk_out), (dv, dv_out)):
         if out is not grad:
             grad.copy_(out)
+    if dq is None:
+        return dq_acc, dk, dv
     return dq.copy_(dq_acc), dk, dv  # the cast to q's dtype writes q's layout in the same pass

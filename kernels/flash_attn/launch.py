@@ -341,16 +341,20 @@ def backward_dq(do, q, k, v, o, lse2, causal: bool, scale: float, config: Kernel
 
 def backward_fused(do, q, k, v, lse2, delta, causal: bool, scale: float, config: KernelConfig | None = None,
                    window_size: tuple[int, int] = (-1, -1), document_ids: torch.Tensor | None = None,
-                   tile_counter: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The single-pass schedule: dK, dV and atomically summed dQ."""
+                   tile_counter: torch.Tensor | None = None, dq_float32: bool = False,
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The single-pass schedule: dK, dV and atomically summed dQ (dq_float32: the float32
+    accumulator itself, contiguous, uncast)."""
     consts = _launch_args(q)
     mask = resolve(causal, window_size, document_ids, q.shape[2], k.shape[2])
     cfg = config or kernel_config("bwd_fused", consts["BLOCK_D"], q.dtype, mask.causal, mask.documents is not None)
     # every key block adds its share of dQ here: float32 (exact adds of the tiles; bf16 atomics also
-    # lack interpreter support), zeroed, in q's layout so the final cast keeps it
-    dq_acc = torch.zeros_like(q, dtype=torch.float32)
+    # lack interpreter support), zeroed
+    dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     dk, dv = _launch_key_blocks(do, q, k, v, lse2, delta, mask, scale, cfg, consts, dq_acc, tile_counter)
-    return dq_acc.to(q.dtype), dk, dv  # the cast is a no-op for float32 inputs
+    if dq_float32:
+        return dq_acc, dk, dv
+    return torch.empty_like(q).copy_(dq_acc), dk, dv  # cast into q's layout, as the fake kernel promises
 
 
 def is_masked(window_size: tuple[int, int], document_ids: torch.Tensor | None) -> bool:
@@ -487,14 +491,19 @@ def gpu_forward_kernel(capability: tuple[int, int], dtype: torch.dtype, head_dim
 
 
 SCHEDULES = ("two_pass", "fused", "hopper", "fastest")
+# the schedules whose dQ is a float32 sum (of atomic / TMA reduce adds) cast at the end; under
+# torch.compile the custom op hands that sum over uncast (op.py), and the cast fuses into the next kernel
+FLOAT32_DQ_SCHEDULES = ("fused", "hopper")
 
 
 def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse2: torch.Tensor,
              causal: bool, scale: float, schedule: str = "two_pass", window_size: tuple[int, int] = (-1, -1),
-             document_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             document_ids: torch.Tensor | None = None, dq_float32: bool = False,
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV) with the table's configs. schedule: "two_pass" (deterministic), "fused" (one
     pass, dQ summed by atomic adds), "hopper" (one pass in Gluon, sm_90 only) or "fastest"
-    (fastest_schedule's pick for these inputs)."""
+    (fastest_schedule's pick for these inputs). dq_float32 (the schedules that sum dQ in float32,
+    FLOAT32_DQ_SCHEDULES): dQ is that float32 sum, contiguous, not cast to q's dtype and layout."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(map(repr, SCHEDULES))}, got {schedule!r}")
     masked = is_masked(window_size, document_ids)
@@ -502,14 +511,17 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         schedule = fastest_schedule(q, k, masked)
     elif schedule == "hopper" and (reason := hopper_unsupported(q, k, masked)) is not None:
         raise ValueError(f"schedule='hopper' {reason}; use schedule='fastest' to fall back to the Triton kernels")
+    if dq_float32 and schedule not in FLOAT32_DQ_SCHEDULES:
+        raise ValueError(f"dq_float32=True needs a schedule that sums dQ in float32 ({', '.join(FLOAT32_DQ_SCHEDULES)}), "
+                         f"got {schedule!r}")
     masks = dict(window_size=window_size, document_ids=document_ids)
     if schedule == "hopper":
         from kernels.flash_attn.backward_hopper import backward_hopper
 
         config = HOPPER_BACKWARD[_table_key(q.shape[-1], q.dtype)]
-        return backward_hopper(do, q, k, v, lse2, backward_delta(o, do), causal, scale, config)
+        return backward_hopper(do, q, k, v, lse2, backward_delta(o, do), causal, scale, config, dq_float32)
     if schedule == "fused":
-        return backward_fused(do, q, k, v, lse2, backward_delta(o, do), causal, scale, **masks)
+        return backward_fused(do, q, k, v, lse2, backward_delta(o, do), causal, scale, **masks, dq_float32=dq_float32)
     dq, delta = backward_dq(do, q, k, v, o, lse2, causal, scale, **masks)
     dk, dv = backward_dkdv(do, q, k, v, lse2, delta, causal, scale, **masks)
     return dq, dk, dv

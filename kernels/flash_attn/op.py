@@ -43,13 +43,18 @@ def flash_attn_bwd(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse2: torch.Tensor,
     causal: bool, scale: float, schedule: str = "two_pass",
     window_left: int = -1, window_right: int = -1, document_ids: Optional[torch.Tensor] = None,
+    dq_float32: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return launch.backward(do, q, k, v, o, lse2, causal, scale, schedule, (window_left, window_right), document_ids)
+    # dq_float32 (schedules in launch.FLOAT32_DQ_SCHEDULES): dq is their float32 sum, contiguous
+    return launch.backward(do, q, k, v, o, lse2, causal, scale, schedule, (window_left, window_right), document_ids,
+                           dq_float32)
 
 
 @flash_attn_bwd.register_fake
-def _(do, q, k, v, o, lse2, causal, scale, schedule="two_pass", window_left=-1, window_right=-1, document_ids=None):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+def _(do, q, k, v, o, lse2, causal, scale, schedule="two_pass", window_left=-1, window_right=-1, document_ids=None,
+      dq_float32=False):
+    dq = q.new_empty(q.shape, dtype=torch.float32) if dq_float32 else torch.empty_like(q)
+    return dq, torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -61,8 +66,16 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _backward(ctx, do, _dlse):
     q, k, v, o, lse2, document_ids = ctx.saved_tensors
-    dq, dk, dv = flash_attn_bwd(do, q, k, v, o, lse2, ctx.causal, ctx.scale, ctx.schedule, *ctx.window, document_ids)
-    return dq, dk, dv, None, None, None, None, None, None
+    schedule = ctx.schedule
+    if schedule == "fastest":  # resolved here (at trace time under torch.compile), for dq_float32
+        schedule = launch.fastest_schedule(q, k, ctx.window != (-1, -1) or document_ids is not None)
+    # a schedule that sums dQ in float32 hands the sum over uncast: the cast is then an op of the
+    # graph, which Inductor fuses into the kernel that consumes dq (the gradient of the qkv
+    # projection's output), one memory pass fewer per layer than a cast of its own
+    float32_sum = schedule in launch.FLOAT32_DQ_SCHEDULES
+    dq, dk, dv = flash_attn_bwd(do, q, k, v, o, lse2, ctx.causal, ctx.scale, schedule, *ctx.window, document_ids,
+                                float32_sum)
+    return dq.to(q.dtype), dk, dv, None, None, None, None, None, None
 
 
 # torch.compile's on-disk caches key a compiled backward by the forward graph only: a change to

@@ -10,6 +10,7 @@ element the kernel forgets to write fails the test. The single-pass backward
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 
 import pytest
@@ -194,6 +195,52 @@ def test_eager_path_names_its_ops_for_the_profiler():
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         flash_attention(q, k, v, causal=True).sum().backward()
     assert {"flashgpt::flash_attn_fwd", "flashgpt::flash_attn_bwd"} <= {e.name for e in prof.events()}
+
+
+def test_float32_dq_is_the_sum_the_cast_would_round():
+    # dq_float32: the fused schedule's float32 dQ sum itself, contiguous; the default casts that same
+    # sum into q's dtype and layout. Schedules that compute dQ in q's dtype refuse it.
+    qkv = torch.randn(1, 70, 3, 2, 32, device=DEVICE, dtype=torch.bfloat16).permute(2, 0, 3, 1, 4)  # the model's views
+    q, k, v = qkv
+    do = torch.randn_like(q)
+    o, lse2 = launch.forward(q, k, v, True, 0.2)
+    dq, dk, dv = launch.backward(do, q, k, v, o, lse2, True, 0.2, "fused")
+    dq32, dk32, dv32 = launch.backward(do, q, k, v, o, lse2, True, 0.2, "fused", dq_float32=True)
+    assert dq32.dtype == torch.float32 and dq32.is_contiguous() and dq.stride() == torch.empty_like(q).stride()
+    assert torch.equal(dq32.to(q.dtype), dq) and torch.equal(dk32, dk) and torch.equal(dv32, dv)
+    with pytest.raises(ValueError, match="dq_float32=True needs a schedule that sums dQ in float32"):
+        launch.backward(do, q, k, v, o, lse2, True, 0.2, "two_pass", dq_float32=True)
+
+
+def test_custom_op_path_takes_the_float32_dq_sum_and_casts_it_in_the_graph(monkeypatch):
+    # through the custom ops (as under torch.compile or a dispatch mode), a float32-summing
+    # schedule hands dQ over uncast and the autograd formula casts it: the cast is then a graph op
+    # Inductor can fuse into dQ's consumer; the gradients are those of the eager path
+    q, k, v = make_qkv(1, 2, 1, 70, 70, 32, torch.bfloat16)
+    do = torch.randn(q.shape, device=DEVICE, dtype=torch.float64)
+    seen = []
+    backward = launch.backward
+
+    def spy(*args, **kwargs):
+        call = inspect.signature(backward).bind(*args, **kwargs)
+        call.apply_defaults()
+        seen.append((call.arguments["schedule"], call.arguments["dq_float32"]))
+        return backward(*args, **kwargs)
+
+    monkeypatch.setattr(launch, "backward", spy)
+
+    def public(*qkv):
+        return flash_attention(*qkv, causal=True, deterministic=False)
+
+    eager = run_fwd_bwd(public, q, k, v, do)
+    assert seen == [("fastest", False)]  # the eager path: launch.backward resolves and casts
+    seen.clear()
+    with FlopCounterMode(display=False):
+        by_op = run_fwd_bwd(public, q, k, v, do)
+    fastest = launch.fastest_schedule(q, k)
+    assert seen == [(fastest, fastest in launch.FLOAT32_DQ_SCHEDULES)]
+    assert by_op[1][0].dtype == q.dtype
+    assert all(torch.equal(a, b) for a, b in zip([by_op[0], *by_op[1]], [eager[0], *eager[1]]))
 
 
 @pytest.mark.parametrize("deterministic", slow_except([True, False, None], [None], lambda d: {True: "two-pass", False: "fastest", None: "follow-torch"}[d]))
