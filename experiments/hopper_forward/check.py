@@ -38,6 +38,9 @@ VARIANTS = {
     # three consumer warpgroups, 192 query rows (FlashAttention-3's d=64 tile); d=64 only
     "s2_wg3": dict(STAGES=2, CONSUMERS=3, CONSUMER_REGS=160, STRIDED=True),
     "s3_wg3": dict(STAGES=3, CONSUMERS=3, CONSUMER_REGS=160, STRIDED=True),
+    # one program per SM looping over the tiles
+    "s2_persistent": dict(STAGES=2, STRIDED=True, PERSISTENT=True),
+    "s2_wg3_persistent": dict(STAGES=2, CONSUMERS=3, CONSUMER_REGS=160, STRIDED=True, PERSISTENT=True),
 }
 SHAPES = [  # batch, heads_q, heads_kv, seqlen_q, seqlen_k
     (1, 4, 4, 1, 1), (1, 4, 4, 77, 77), (2, 4, 2, 200, 333), (1, 4, 4, 333, 200),

@@ -1,11 +1,14 @@
 """The Hopper fast path for the forward: FlashAttention-3's ping-pong schedule in Gluon.
 
 The same online softmax as forward.py (read that file first: it is the algorithm, this one is its
-schedule on an sm_90 GPU). One program owns BLOCK_M = CONSUMERS × 64 query rows of one (batch,
-head) (CONSUMERS = 2 in the launch table); grid (query blocks, Hq, B). Partitions
-(gl.warp_specialize):
+schedule on an sm_90 GPU). A tile is BLOCK_M = CONSUMERS × 64 query rows of one (batch, head)
+(CONSUMERS = 2 in the launch table); a 1-D grid runs one program per tile, or (PERSISTENT) one
+per SM, each looping over tiles pid, pid + programs, ... with the ring position and the GEMM turns
+running on across its tiles, so the next tile's loads overlap the last one's epilogue. Partitions
+(gl.warp_specialize), per tile:
 
-    producer (1 warp):  Q's 64-row slices by TMA, then K_j and V_j into a STAGES-deep ring
+    producer (1 warp):  Q's 64-row slices by TMA (each once its warpgroup has done with the
+                        previous tile's), then K_j and V_j into a STAGES-deep ring
     consumer w (one warpgroup each, query rows [64·w, 64·w + 64) of the block):
         S_0 = Q Kᵀ_0;  softmax_0
         for j = 1 .. n−1:
@@ -29,6 +32,7 @@ Limits: d ∈ {64, 128}, bf16 / fp16, causal or no mask (launch.hopper_unsupport
 """
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -64,23 +68,54 @@ def _load_rows(desc, ring_slot, bar, b, h, row0, start, STRIDED: gl.constexpr):
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty,
-              b, h, kvh, q_row0, kv_row0, start_m, n_blocks,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, STRIDED: gl.constexpr, CONSUMERS: gl.constexpr):
-    for w in gl.static_range(CONSUMERS):
-        mbarrier.expect(q_bar.index(w), q_desc.block_type.nbytes)
-        _load_rows(q_desc, q_smem.index(w), q_bar.index(w), b, h, q_row0, start_m + w * HALF, STRIDED)
-    for j in range(n_blocks):
-        s = j % STAGES
-        # the (j // STAGES)-th fill of slot s waits for every consumer's release of the previous one
-        # (parity ((j // STAGES) & 1) ^ 1, which a fresh barrier passes at once)
-        phase = ((j // STAGES) & 1) ^ 1
-        mbarrier.wait(k_empty.index(s), phase)
-        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-        _load_rows(k_desc, k_ring.index(s), k_ready.index(s), b, kvh, kv_row0, j * BLOCK_N, STRIDED)
-        mbarrier.wait(v_empty.index(s), phase)
-        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-        _load_rows(v_desc, v_ring.index(s), v_ready.index(s), b, kvh, kv_row0, j * BLOCK_N, STRIDED)
+def _tile(tile, num_m, heads_q, heads_kv, seqlen_q, seqlen_k,
+          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """Tile number `tile` (query blocks fastest, then heads, then batch: the order a 3-D grid
+    launches them): its batch, head, kv head, first query row, key blocks to visit, and the head's
+    first rows in the flattened Q (and LSE) and K / V."""
+    pid_m = tile % num_m
+    if CAUSAL:  # the last query blocks see the most keys: started first, they shorten the tail
+        pid_m = num_m - 1 - pid_m
+    h = (tile // num_m) % heads_q
+    b = tile // (num_m * heads_q)
+    kvh = h // (heads_q // heads_kv)
+    start_m = pid_m * BLOCK_M
+    hi = seqlen_k
+    if CAUSAL:
+        hi = gl.minimum(gl.maximum(start_m + BLOCK_M + seqlen_k - seqlen_q, 0), seqlen_k)
+    n_blocks = gl.cdiv(hi, BLOCK_N)
+    return b, h, kvh, start_m, n_blocks, (b * heads_q + h) * seqlen_q, (b * heads_kv + kvh) * seqlen_k
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
+              num_m, num_tiles, heads_q, heads_kv, seqlen_q, seqlen_k,
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, STRIDED: gl.constexpr,
+              CONSUMERS: gl.constexpr):
+    BLOCK_M: gl.constexpr = CONSUMERS * HALF
+    it = 0  # K / V tiles loaded so far by this program: the ring's position runs on across tiles
+    i = 0  # tiles of this program so far
+    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        b, h, kvh, start_m, n_blocks, q_row0, kv_row0 = _tile(tile, num_m, heads_q, heads_kv, seqlen_q, seqlen_k,
+                                                              BLOCK_M, BLOCK_N, CAUSAL)
+        for w in gl.static_range(CONSUMERS):
+            # Q's slice w is free once its warpgroup's last S of the previous tile has landed
+            mbarrier.wait(q_empty.index(w), (i & 1) ^ 1)
+            mbarrier.expect(q_bar.index(w), q_desc.block_type.nbytes)
+            _load_rows(q_desc, q_smem.index(w), q_bar.index(w), b, h, q_row0, start_m + w * HALF, STRIDED)
+        for j in range(n_blocks):
+            s = it % STAGES
+            # the (it // STAGES)-th fill of slot s waits for every consumer's release of the previous one
+            # (parity ((it // STAGES) & 1) ^ 1, which a fresh barrier passes at once)
+            phase = ((it // STAGES) & 1) ^ 1
+            mbarrier.wait(k_empty.index(s), phase)
+            mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+            _load_rows(k_desc, k_ring.index(s), k_ready.index(s), b, kvh, kv_row0, j * BLOCK_N, STRIDED)
+            mbarrier.wait(v_empty.index(s), phase)
+            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+            _load_rows(v_desc, v_ring.index(s), v_ready.index(s), b, kvh, kv_row0, j * BLOCK_N, STRIDED)
+            it += 1
+        i += 1
 
 
 @gluon.jit
@@ -96,13 +131,14 @@ def _wait_turn(turn, t, W: gl.constexpr):
 
 
 @gluon.jit
-def _scores(q, k_ring, k_ready, turn, j, s_layout: gl.constexpr, W: gl.constexpr,
+def _scores(q, k_ring, k_ready, turn, it, t, s_layout: gl.constexpr, W: gl.constexpr,
             BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """Wait for K_j and for this warpgroup's turn, issue S_j = Q Kᵀ_j (async, left in flight)."""
-    mbarrier.wait(k_ready.index(j % STAGES), (j // STAGES) & 1)
-    _wait_turn(turn, j, W)
+    """Wait for the K tile at ring position `it` and for this warpgroup's turn `t`, issue
+    S = Q Kᵀ (async, left in flight)."""
+    mbarrier.wait(k_ready.index(it % STAGES), (it // STAGES) & 1)
+    _wait_turn(turn, t, W)
     zero_s = gl.zeros([HALF, BLOCK_N], gl.float32, s_layout)
-    return warpgroup_mma(q, k_ring.index(j % STAGES).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    return warpgroup_mma(q, k_ring.index(it % STAGES).permute((1, 0)), zero_s, use_acc=False, is_async=True)
 
 
 @gluon.jit
@@ -127,16 +163,18 @@ def _softmax(s, m_i, l_i, j, rows, row_lo, offs_n, seqlen_k, offset, qk_scale,
 
 
 @gluon.jit
-def _consumer(q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE,
-              stride_on, lse_row0, start_m, n_blocks, seqlen_q, seqlen_k, qk_scale,
-              HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-              W: gl.constexpr, CONSUMERS: gl.constexpr):
+def _consume_tile(q, k_ring, v_ring, k_ready, v_ready, k_empty, v_empty, turn, q_free, OUT, LSE, stride_on, lse_row0,
+                  start_m, n_blocks, it0, t0, seqlen_q, seqlen_k, qk_scale,
+                  HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                  W: gl.constexpr, CONSUMERS: gl.constexpr):
+    """One tile's rows [start_m + 64·W, +64): its key blocks at ring positions it0, it0 + 1, ...
+    and GEMM turns t0, t0 + 1, ...; q_free is arrived once every S of the tile has landed."""
     # S (64 × BLOCK_N) and O (64 × d) accumulators over one warpgroup; P as the register A operand
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    ELEM: gl.constexpr = q_smem.dtype
+    ELEM: gl.constexpr = q.dtype
     offset = seqlen_k - seqlen_q
     row_lo = start_m + W * HALF
     rows = row_lo + gl.arange(0, HALF, layout=row_layout)
@@ -144,37 +182,40 @@ def _consumer(q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty,
     m_i = gl.full([HALF], float("-inf"), gl.float32, row_layout)
     l_i = gl.zeros([HALF], gl.float32, row_layout)
     acc = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
-    q = q_smem.index(W)
-    mbarrier.wait(q_bar.index(W), 0)
 
     if n_blocks > 0:
-        s = _scores(q, k_ring, k_ready, turn, 0, s_layout, W, BLOCK_N, STAGES)
+        s = _scores(q, k_ring, k_ready, turn, it0, t0, s_layout, W, BLOCK_N, STAGES)
         mbarrier.arrive(turn.index((W + 1) % CONSUMERS))
         s = warpgroup_mma_wait(0, deps=(s,))
-        mbarrier.arrive(k_empty.index(0))
+        mbarrier.arrive(k_empty.index(it0 % STAGES))
         p, m_i, l_i, alpha = _softmax(s, m_i, l_i, 0, rows, row_lo, offs_n, seqlen_k, offset, qk_scale, BLOCK_N, CAUSAL)
         # P carried to the next GEMM block as the 16-bit register operand: half the registers of float32
         p = gl.convert_layout(p.to(ELEM), p_layout)
         for j in range(1, n_blocks):
-            prev = (j - 1) % STAGES
-            s = _scores(q, k_ring, k_ready, turn, j, s_layout, W, BLOCK_N, STAGES)
-            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            it = it0 + j
+            prev = (it - 1) % STAGES
+            s = _scores(q, k_ring, k_ready, turn, it, t0 + j, s_layout, W, BLOCK_N, STAGES)
+            mbarrier.wait(v_ready.index(prev), ((it - 1) // STAGES) & 1)
             acc = warpgroup_mma(p, v_ring.index(prev), acc, is_async=True)
             mbarrier.arrive(turn.index((W + 1) % CONSUMERS))
             s = warpgroup_mma_wait(1, deps=(s,))  # S_j has landed; PV_{j−1} may still run
-            mbarrier.arrive(k_empty.index(j % STAGES))
+            mbarrier.arrive(k_empty.index(it % STAGES))
             p32, m_i, l_i, alpha = _softmax(s, m_i, l_i, j, rows, row_lo, offs_n, seqlen_k, offset, qk_scale, BLOCK_N, CAUSAL)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             mbarrier.arrive(v_empty.index(prev))
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             p = gl.convert_layout(p32.to(ELEM), p_layout)
-        last = (n_blocks - 1) % STAGES
-        mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
-        _wait_turn(turn, n_blocks, W)  # the last GEMM takes its turn too
+        mbarrier.arrive(q_free)  # every S of the tile has landed: the producer may load the next Q
+        it_last = it0 + n_blocks - 1
+        last = it_last % STAGES
+        mbarrier.wait(v_ready.index(last), (it_last // STAGES) & 1)
+        _wait_turn(turn, t0 + n_blocks, W)  # the last GEMM takes its turn too
         acc = warpgroup_mma(p, v_ring.index(last), acc, is_async=True)
         mbarrier.arrive(turn.index((W + 1) % CONSUMERS))
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(v_empty.index(last))
+    else:
+        mbarrier.arrive(q_free)
 
     if CAUSAL:  # rows that see no key (Nq > Nk): O = 0/1, LSE = +inf, as forward.py
         empty = rows + offset < 0
@@ -188,36 +229,43 @@ def _consumer(q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty,
     gl.store(OUT + out_rows[:, None] * stride_on + offs_d[None, :], out.to(ELEM), mask=ok)
 
 
+@gluon.jit
+def _consumer(q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE,
+              stride_ob, stride_oh, stride_on, num_m, num_tiles, heads_q, heads_kv, seqlen_q, seqlen_k, qk_scale,
+              HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+              W: gl.constexpr, CONSUMERS: gl.constexpr):
+    BLOCK_M: gl.constexpr = CONSUMERS * HALF
+    it0 = 0  # ring position of the tile's first key block
+    t0 = 0  # GEMM turns taken so far
+    i = 0
+    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        b, h, kvh, start_m, n_blocks, q_row0, kv_row0 = _tile(tile, num_m, heads_q, heads_kv, seqlen_q, seqlen_k,
+                                                              BLOCK_M, BLOCK_N, CAUSAL)
+        mbarrier.wait(q_bar.index(W), i & 1)
+        _consume_tile(q_smem.index(W), k_ring, v_ring, k_ready, v_ready, k_empty, v_empty, turn, q_empty.index(W),
+                      OUT + b * stride_ob + h * stride_oh, LSE, stride_on, q_row0, start_m, n_blocks, it0, t0,
+                      seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, W, CONSUMERS)
+        it0 += n_blocks
+        t0 += gl.where(n_blocks > 0, n_blocks + 1, 0)
+        i += 1
+
+
 # lengths and head counts are not specialized (no recompiles for N == 1 or N % 16 == 0)
-@gluon.jit(do_not_specialize=["heads_q", "heads_kv", "seqlen_q", "seqlen_k"])
+@gluon.jit(do_not_specialize=["heads_q", "heads_kv", "seqlen_q", "seqlen_k", "num_m", "num_tiles"])
 def fwd_hopper_kernel(q_desc, k_desc, v_desc, OUT, LSE, stride_ob, stride_oh, stride_on,
-                      heads_q, heads_kv, seqlen_q, seqlen_k, qk_scale,
+                      heads_q, heads_kv, seqlen_q, seqlen_k, num_m, num_tiles, qk_scale,
                       HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                       CAUSAL: gl.constexpr, STRIDED: gl.constexpr, CONSUMERS: gl.constexpr,
                       CONSUMER_REGS: gl.constexpr):
-    BLOCK_M: gl.constexpr = CONSUMERS * HALF
-    pid_m = gl.program_id(0)
-    if CAUSAL:  # the last query blocks see the most keys: launched first, they shorten the tail
-        pid_m = gl.num_programs(0) - 1 - pid_m
-    h = gl.program_id(1)
-    b = gl.program_id(2)
-    kvh = h // (heads_q // heads_kv)
-    start_m = pid_m * BLOCK_M
-    offset = seqlen_k - seqlen_q
-    hi = seqlen_k
-    if CAUSAL:
-        hi = gl.minimum(gl.maximum(start_m + BLOCK_M + offset, 0), seqlen_k)
-    n_blocks = gl.cdiv(hi, BLOCK_N)
-    q_row0 = (b * heads_q + h) * seqlen_q
-    kv_row0 = (b * heads_kv + kvh) * seqlen_k
-    OUT += b * stride_ob + h * stride_oh
-
+    """A 1-D grid over tiles (query block, head, batch): one program per tile, or (persistent) fewer
+    programs that each take tiles program_id, program_id + num_programs, ..."""
     ELEM: gl.constexpr = k_desc.dtype
     q_smem = gl.allocate_shared_memory(ELEM, [CONSUMERS, HALF, HEAD_DIM], gl.NVMMASharedLayout.get_default_for([HALF, HEAD_DIM], ELEM))
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], ELEM)
     k_ring = gl.allocate_shared_memory(ELEM, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     v_ring = gl.allocate_shared_memory(ELEM, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -225,6 +273,7 @@ def fwd_hopper_kernel(q_desc, k_desc, v_desc, OUT, LSE, stride_ob, stride_oh, st
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(CONSUMERS):
         mbarrier.init(q_bar.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=1)
         mbarrier.init(turn.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
@@ -237,24 +286,36 @@ def fwd_hopper_kernel(q_desc, k_desc, v_desc, OUT, LSE, stride_ob, stride_oh, st
     # them as a tensor)
     if CONSUMERS == 2:
         gl.warp_specialize([
-            (_consumer, (q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE, stride_on,
-                         q_row0, start_m, n_blocks, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0, 2)),
-            (_consumer, (q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE, stride_on,
-                         q_row0, start_m, n_blocks, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 1, 2)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty,
-                         b, h, kvh, q_row0, kv_row0, start_m, n_blocks, BLOCK_N, STAGES, STRIDED, 2)),
+            (_consumer, (q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE,
+                         stride_ob, stride_oh, stride_on, num_m, num_tiles, heads_q, heads_kv, seqlen_q, seqlen_k,
+                         qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0, 2)),
+            (_consumer, (q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE,
+                         stride_ob, stride_oh, stride_on, num_m, num_tiles, heads_q, heads_kv, seqlen_q, seqlen_k,
+                         qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 1, 2)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty,
+                         v_empty, num_m, num_tiles, heads_q, heads_kv, seqlen_q, seqlen_k, BLOCK_N, STAGES, CAUSAL,
+                         STRIDED, 2)),
         ], [4, 1], [CONSUMER_REGS, 24])  # the second consumer warpgroup, the 1-warp producer
     else:  # three warpgroups of 64 rows (FlashAttention-3's 192-row tile at d=64)
         gl.warp_specialize([
-            (_consumer, (q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE, stride_on,
-                         q_row0, start_m, n_blocks, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0, 3)),
-            (_consumer, (q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE, stride_on,
-                         q_row0, start_m, n_blocks, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 1, 3)),
-            (_consumer, (q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE, stride_on,
-                         q_row0, start_m, n_blocks, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 2, 3)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty,
-                         b, h, kvh, q_row0, kv_row0, start_m, n_blocks, BLOCK_N, STAGES, STRIDED, 3)),
+            (_consumer, (q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE,
+                         stride_ob, stride_oh, stride_on, num_m, num_tiles, heads_q, heads_kv, seqlen_q, seqlen_k,
+                         qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0, 3)),
+            (_consumer, (q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE,
+                         stride_ob, stride_oh, stride_on, num_m, num_tiles, heads_q, heads_kv, seqlen_q, seqlen_k,
+                         qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 1, 3)),
+            (_consumer, (q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE,
+                         stride_ob, stride_oh, stride_on, num_m, num_tiles, heads_q, heads_kv, seqlen_q, seqlen_k,
+                         qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 2, 3)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty,
+                         v_empty, num_m, num_tiles, heads_q, heads_kv, seqlen_q, seqlen_k, BLOCK_N, STAGES, CAUSAL,
+                         STRIDED, 3)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
@@ -269,8 +330,12 @@ def forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     lse2 = torch.empty((batch, heads_q, seqlen_q), device=q.device, dtype=torch.float32)
     bn = config.BLOCK_N
     descs = operand_descs([(q, ROWS_PER_WARPGROUP), (k, bn), (v, bn)], elem, config.STRIDED)
-    fwd_hopper_kernel[(triton.cdiv(seqlen_q, config.CONSUMERS * ROWS_PER_WARPGROUP), heads_q, batch)](
-        *descs, o_out, lse2, *o_out.stride()[:3], heads_q, heads_kv, seqlen_q, seqlen_k, scale * LOG2E.value,
+    num_m = triton.cdiv(seqlen_q, config.CONSUMERS * ROWS_PER_WARPGROUP)
+    num_tiles = num_m * heads_q * batch
+    programs = min(num_tiles, _sm_count(q.device)) if config.PERSISTENT else num_tiles
+    fwd_hopper_kernel[(programs,)](
+        *descs, o_out, lse2, *o_out.stride()[:3], heads_q, heads_kv, seqlen_q, seqlen_k, num_m, num_tiles,
+        scale * LOG2E.value,
         HEAD_DIM=head_dim, BLOCK_N=bn, STAGES=config.STAGES, CAUSAL=causal, STRIDED=config.STRIDED,
         CONSUMERS=config.CONSUMERS, CONSUMER_REGS=config.CONSUMER_REGS, num_warps=4,
     )

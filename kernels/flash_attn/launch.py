@@ -230,13 +230,16 @@ class HopperForwardConfig:
     query rows per program (2: 128 rows; 3: FlashAttention-3's 192-row tile at d=64, compiled for
     sm_90 but not yet run on a GPU), BLOCK_N keys per tile, STAGES slots in the K / V ring,
     CONSUMER_REGS registers per thread of each consumer warpgroup after the first (setmaxnreg; the
-    producer warp gets 24, the first consumer what is left), STRIDED as HopperConfig's."""
+    producer warp gets 24, the first consumer what is left), STRIDED as HopperConfig's.
+    PERSISTENT: one program per SM looping over the tiles (the next tile's Q and K / V load while
+    the last one's output is written) instead of one program per tile; not yet run on a GPU."""
 
     BLOCK_N: int = 128
     STAGES: int = 2
     CONSUMERS: int = 2
     CONSUMER_REGS: int = 240
     STRIDED: bool = False
+    PERSISTENT: bool = False
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,

@@ -285,6 +285,24 @@ def test_hopper_forward_with_three_consumer_warpgroups_is_exact(monkeypatch, hea
 
 @pytest.mark.gpu
 @on_hopper
+@pytest.mark.parametrize("consumers", [2, 3])
+@pytest.mark.parametrize("head_dim,dtype,causal,seqlen_q,seqlen_k,heads", list(_gpu_cases()))
+def test_persistent_hopper_forward_is_exact(monkeypatch, consumers, head_dim, dtype, causal, seqlen_q, seqlen_k, heads):
+    # PERSISTENT: fewer programs than tiles (a small GPU's worth here), each looping over several
+    if consumers == 3 and head_dim == 128:
+        pytest.skip("192 rows of d=128 accumulators do not fit the register file")
+    from kernels.flash_attn import forward_hopper
+
+    regs = 160 if consumers == 3 else 240
+    config = launch.HopperForwardConfig(STAGES=2, CONSUMERS=consumers, CONSUMER_REGS=regs, STRIDED=True, PERSISTENT=True)
+    monkeypatch.setitem(launch.HOPPER_FORWARD, launch._table_key(head_dim, dtype), config)
+    monkeypatch.setattr(forward_hopper, "_sm_count", lambda device: 3)  # many tiles per program
+    q, k, v = make_qkv(2, heads[0], heads[1], seqlen_q, seqlen_k, head_dim, dtype, requires_grad=False)
+    check_forward(q, k, v, causal, "hopper")
+
+
+@pytest.mark.gpu
+@on_hopper
 @pytest.mark.parametrize("head_dim,causal", [(128, True), (128, False)])
 def test_tl_forward_stays_exact_where_hopper_is_picked(head_dim, causal):
     # the portable kernel is the reference: forced, it must stay exact on the shapes Hopper now takes
