@@ -48,10 +48,11 @@ SHAPES = [  # batch, heads_q, heads_kv, seqlen_q, seqlen_k
 ]
 
 
-def _variants(d):
+def _variants(d, names=None):
+    """The configs that run at head_dim d (names: a subset of VARIANTS, or all)."""
     # STAGES=3 at d=128 needs 224 KB of shared memory: over the H200's 227 KB with the rest;
     # 192 rows of d=128 accumulators (CONSUMERS=3) do not fit the register file
-    return {n: c for n, c in VARIANTS.items() if not (d == 128 and (c.get("STAGES") == 3 or c.get("CONSUMERS") == 3))}
+    return {n: c for n, c in VARIANTS.items() if (names is None or n in names) and not (d == 128 and (c.get("STAGES") == 3 or c.get("CONSUMERS") == 3))}
 
 
 def make_inputs(batch, hq, hkv, nq, nk, d, dtype, strided):
@@ -65,7 +66,7 @@ def make_inputs(batch, hq, hkv, nq, nk, d, dtype, strided):
 
 
 def correctness_group(args):
-    head_dim, dtype_name, causal = args
+    head_dim, dtype_name, causal, names = args
     import _attention_checks as checks
     import torch
 
@@ -90,7 +91,7 @@ def correctness_group(args):
             s = s.masked_fill(torch.ones(nq, nk, device="cuda", dtype=torch.bool).tril(nk - nq).logical_not(), -math.inf)
         lse_ref = torch.logsumexp(s, -1) / math.log(2)  # base 2; −inf on rows that see no key
         o_tl, lse_tl = launch.forward(q, k, v, causal, scale)
-        for name, cfg in [("tl", None)] + list(_variants(head_dim).items()):
+        for name, cfg in [("tl", None)] + list(_variants(head_dim, names).items()):
             rec = dict(case, variant=name)
             try:
                 if cfg is None:
@@ -116,10 +117,10 @@ def correctness_group(args):
     return out
 
 
-def run_correctness(timeout, results, path):
+def run_correctness(timeout, names, results, path):
     import multiprocessing as mp
     ctx = mp.get_context("spawn")
-    groups = list(itertools.product((64, 128), ("bf16", "fp16"), (False, True)))
+    groups = list(itertools.product((64, 128), ("bf16", "fp16"), (False, True), [names]))
     with ctx.Pool(min(len(groups), 8)) as pool:
         pending = [(g, pool.apply_async(correctness_group, (g,))) for g in groups]
         t_end = time.time() + timeout
@@ -144,7 +145,7 @@ def run_correctness(timeout, results, path):
     return {n for n, v in by.items() if all(v)}
 
 
-def run_timing(passed, seqlens, results, path):
+def run_timing(passed, names, seqlens, results, path):
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from triton.testing import do_bench
@@ -157,7 +158,7 @@ def run_timing(passed, seqlens, results, path):
         scale = d ** -0.5
         flops = 4 * batch * heads * n * n * d / (2 if causal else 1)
         fns = {"tl": lambda: launch.forward(q, k, v, causal, scale)}
-        for name, cfg in _variants(d).items():
+        for name, cfg in _variants(d, names).items():
             if name in passed:
                 fns[name] = (lambda c: lambda: forward_hopper(q, k, v, causal, scale, c))(launch.HopperForwardConfig(**cfg))
 
@@ -193,6 +194,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--phase", default="all", choices=["all", "correctness", "timing"])
     ap.add_argument("--corr-timeout", type=float, default=150)
+    ap.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), help="a subset of VARIANTS (default: all)")
     ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384, 32768])
     args = ap.parse_args()
     import torch
@@ -201,9 +203,9 @@ def main():
                              date=time.strftime("%Y-%m-%d %H:%M"), variants=VARIANTS), correctness=[], timing=[])
     passed = set(VARIANTS)
     if args.phase in ("all", "correctness"):
-        passed = run_correctness(args.corr_timeout, results, args.out)
+        passed = run_correctness(args.corr_timeout, args.variants, results, args.out)
     if args.phase in ("all", "timing"):
-        run_timing(passed, args.seqlens, results, args.out)
+        run_timing(passed, args.variants, args.seqlens, results, args.out)
     _write(args.out, results)
 
 
