@@ -80,8 +80,10 @@ def _backward(ctx, do, _dlse):
 
 # torch.compile's on-disk caches key a compiled backward by the forward graph only: a change to
 # _backward or to flash_attn_bwd's schema is invisible to them (pytorch/pytorch#144344), and a
-# warm cache would then run the old backward graph against the new op. Such a change must also
-# change flash_attn_fwd's name or schema.
+# warm cache would then run the old backward graph against the new op. A change that an old graph
+# cannot run correctly must also change flash_attn_fwd's name or schema. A new argument whose
+# default keeps the old behaviour (dq_float32) is safe: an old graph just doesn't pass it. Going
+# back to an older commit with a newer warm cache is not: set TORCHINDUCTOR_CACHE_DIR, or clear it.
 flash_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
