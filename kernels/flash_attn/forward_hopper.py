@@ -2,9 +2,10 @@
 
 The same online softmax as forward.py (read that file first: it is the algorithm, this one is its
 schedule on an sm_90 GPU). A tile is BLOCK_M = CONSUMERS × 64 query rows of one (batch, head)
-(CONSUMERS = 2 in the launch table); a 1-D grid runs one program per tile, or (PERSISTENT) one
-per SM, each looping over tiles pid, pid + programs, ... with the ring position and the GEMM turns
-running on across its tiles, so the next tile's loads overlap the last one's epilogue. Partitions
+(CONSUMERS = 2 or 3 in the launch table); a 1-D grid runs one program per tile, or (PERSISTENT)
+one per SM, each taking a tile per round of a snake over the tiles (_nth_tile) with the ring
+position and the GEMM turns running on across its tiles, so the next tile's loads overlap the
+last one's epilogue. Partitions
 (gl.warp_specialize), per tile:
 
     producer (1 warp):  Q's 64-row slices by TMA (each once its warpgroup has done with the
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
     from kernels.flash_attn.launch import HopperForwardConfig
 
 ROWS_PER_WARPGROUP = 64  # query rows per consumer warpgroup (the wgmma's M)
+L2_GROUP_BYTES = 32 << 20  # K / V bytes a persistent causal launch keeps in flight (the H200's L2: 50 MB)
 HALF = gl.constexpr(ROWS_PER_WARPGROUP)
 
 
@@ -68,16 +70,23 @@ def _load_rows(desc, ring_slot, bar, b, h, row0, start, STRIDED: gl.constexpr):
 
 
 @gluon.jit
-def _tile(tile, num_m, heads_q, heads_kv, seqlen_q, seqlen_k,
+def _tile(tile, num_m, group, num_pairs, heads_q, heads_kv, seqlen_q, seqlen_k,
           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """Tile number `tile` (query blocks fastest, then heads, then batch: the order a 3-D grid
-    launches them): its batch, head, kv head, first query row, key blocks to visit, and the head's
-    first rows in the flattened Q (and LSE) and K / V."""
-    pid_m = tile % num_m
+    """Tile number `tile`: its batch, head, kv head, first query row, key blocks to visit, and the
+    head's first rows in the flattened Q (and LSE) and K / V. The num_pairs (batch, head) pairs go
+    in groups of `group`, and within a group the query block is the slow index. group = 1 is the
+    order of a 3-D grid (query blocks fastest, then heads, then batch); a larger one (persistent
+    causal launches) brings the heavy query blocks of `group` heads, whose K / V fit in L2
+    together, to the front."""
+    g = tile // (num_m * group)
+    size = gl.minimum(group, num_pairs - g * group)  # the last group may be smaller
+    r = tile - g * num_m * group
+    pid_m = r // size
+    bh = g * group + r % size
     if CAUSAL:  # the last query blocks see the most keys: started first, they shorten the tail
         pid_m = num_m - 1 - pid_m
-    h = (tile // num_m) % heads_q
-    b = tile // (num_m * heads_q)
+    h = bh % heads_q
+    b = bh // heads_q
     kvh = h // (heads_q // heads_kv)
     start_m = pid_m * BLOCK_M
     hi = seqlen_k
@@ -88,16 +97,34 @@ def _tile(tile, num_m, heads_q, heads_kv, seqlen_q, seqlen_k,
 
 
 @gluon.jit
+def _nth_tile(rnd):
+    """The tile a program takes in its rnd-th turn. The programs sweep the tiles in rounds of
+    num_programs, alternating direction (a snake), so that under causal each program's heavy and
+    light tiles even out; with one program per tile it is program_id."""
+    programs = gl.num_programs(0)
+    pid = gl.program_id(0)
+    return rnd * programs + gl.where(rnd % 2 == 0, pid, programs - 1 - pid)
+
+
+@gluon.jit
+def _rounds(num_tiles):
+    """How many tiles this program takes: all its rounds but the last, which only the programs
+    whose tile exists take part in."""
+    rounds = gl.cdiv(num_tiles, gl.num_programs(0))
+    return gl.where(_nth_tile(rounds - 1) < num_tiles, rounds, rounds - 1)
+
+
+@gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
-              num_m, num_tiles, heads_q, heads_kv, seqlen_q, seqlen_k,
+              num_m, num_tiles, group, num_pairs, heads_q, heads_kv, seqlen_q, seqlen_k,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, STRIDED: gl.constexpr,
               CONSUMERS: gl.constexpr):
     BLOCK_M: gl.constexpr = CONSUMERS * HALF
     it = 0  # K / V tiles loaded so far by this program: the ring's position runs on across tiles
     i = 0  # tiles of this program so far
-    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        b, h, kvh, start_m, n_blocks, q_row0, kv_row0 = _tile(tile, num_m, heads_q, heads_kv, seqlen_q, seqlen_k,
-                                                              BLOCK_M, BLOCK_N, CAUSAL)
+    for rnd in range(_rounds(num_tiles)):
+        b, h, kvh, start_m, n_blocks, q_row0, kv_row0 = _tile(_nth_tile(rnd), num_m, group, num_pairs, heads_q,
+                                                              heads_kv, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
         for w in gl.static_range(CONSUMERS):
             # Q's slice w is free once its warpgroup's last S of the previous tile has landed
             mbarrier.wait(q_empty.index(w), (i & 1) ^ 1)
@@ -231,16 +258,17 @@ def _consume_tile(q, k_ring, v_ring, k_ready, v_ready, k_empty, v_empty, turn, q
 
 @gluon.jit
 def _consumer(q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE,
-              stride_ob, stride_oh, stride_on, num_m, num_tiles, heads_q, heads_kv, seqlen_q, seqlen_k, qk_scale,
+              stride_ob, stride_oh, stride_on, num_m, num_tiles, group, num_pairs, heads_q, heads_kv, seqlen_q,
+              seqlen_k, qk_scale,
               HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
               W: gl.constexpr, CONSUMERS: gl.constexpr):
     BLOCK_M: gl.constexpr = CONSUMERS * HALF
     it0 = 0  # ring position of the tile's first key block
     t0 = 0  # GEMM turns taken so far
     i = 0
-    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        b, h, kvh, start_m, n_blocks, q_row0, kv_row0 = _tile(tile, num_m, heads_q, heads_kv, seqlen_q, seqlen_k,
-                                                              BLOCK_M, BLOCK_N, CAUSAL)
+    for rnd in range(_rounds(num_tiles)):
+        b, h, kvh, start_m, n_blocks, q_row0, kv_row0 = _tile(_nth_tile(rnd), num_m, group, num_pairs, heads_q,
+                                                              heads_kv, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
         mbarrier.wait(q_bar.index(W), i & 1)
         _consume_tile(q_smem.index(W), k_ring, v_ring, k_ready, v_ready, k_empty, v_empty, turn, q_empty.index(W),
                       OUT + b * stride_ob + h * stride_oh, LSE, stride_on, q_row0, start_m, n_blocks, it0, t0,
@@ -251,14 +279,15 @@ def _consumer(q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty,
 
 
 # lengths and head counts are not specialized (no recompiles for N == 1 or N % 16 == 0)
-@gluon.jit(do_not_specialize=["heads_q", "heads_kv", "seqlen_q", "seqlen_k", "num_m", "num_tiles"])
+@gluon.jit(do_not_specialize=["heads_q", "heads_kv", "seqlen_q", "seqlen_k", "num_m", "num_tiles", "group",
+                               "num_pairs"])
 def fwd_hopper_kernel(q_desc, k_desc, v_desc, OUT, LSE, stride_ob, stride_oh, stride_on,
-                      heads_q, heads_kv, seqlen_q, seqlen_k, num_m, num_tiles, qk_scale,
+                      heads_q, heads_kv, seqlen_q, seqlen_k, num_m, num_tiles, group, num_pairs, qk_scale,
                       HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                       CAUSAL: gl.constexpr, STRIDED: gl.constexpr, CONSUMERS: gl.constexpr,
                       CONSUMER_REGS: gl.constexpr):
-    """A 1-D grid over tiles (query block, head, batch): one program per tile, or (persistent) fewer
-    programs that each take tiles program_id, program_id + num_programs, ..."""
+    """A 1-D grid over tiles (query block, head, batch; _tile's order): one program per tile, or
+    (persistent) fewer programs that each take a tile per round (_nth_tile)."""
     ELEM: gl.constexpr = k_desc.dtype
     q_smem = gl.allocate_shared_memory(ELEM, [CONSUMERS, HALF, HEAD_DIM], gl.NVMMASharedLayout.get_default_for([HALF, HEAD_DIM], ELEM))
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], ELEM)
@@ -287,28 +316,28 @@ def fwd_hopper_kernel(q_desc, k_desc, v_desc, OUT, LSE, stride_ob, stride_oh, st
     if CONSUMERS == 2:
         gl.warp_specialize([
             (_consumer, (q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE,
-                         stride_ob, stride_oh, stride_on, num_m, num_tiles, heads_q, heads_kv, seqlen_q, seqlen_k,
-                         qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0, 2)),
+                         stride_ob, stride_oh, stride_on, num_m, num_tiles, group, num_pairs, heads_q, heads_kv,
+                         seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0, 2)),
             (_consumer, (q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE,
-                         stride_ob, stride_oh, stride_on, num_m, num_tiles, heads_q, heads_kv, seqlen_q, seqlen_k,
-                         qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 1, 2)),
+                         stride_ob, stride_oh, stride_on, num_m, num_tiles, group, num_pairs, heads_q, heads_kv,
+                         seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 1, 2)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty,
-                         v_empty, num_m, num_tiles, heads_q, heads_kv, seqlen_q, seqlen_k, BLOCK_N, STAGES, CAUSAL,
+                         v_empty, num_m, num_tiles, group, num_pairs, heads_q, heads_kv, seqlen_q, seqlen_k, BLOCK_N, STAGES, CAUSAL,
                          STRIDED, 2)),
         ], [4, 1], [CONSUMER_REGS, 24])  # the second consumer warpgroup, the 1-warp producer
     else:  # three warpgroups of 64 rows (FlashAttention-3's 192-row tile at d=64)
         gl.warp_specialize([
             (_consumer, (q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE,
-                         stride_ob, stride_oh, stride_on, num_m, num_tiles, heads_q, heads_kv, seqlen_q, seqlen_k,
-                         qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0, 3)),
+                         stride_ob, stride_oh, stride_on, num_m, num_tiles, group, num_pairs, heads_q, heads_kv,
+                         seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0, 3)),
             (_consumer, (q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE,
-                         stride_ob, stride_oh, stride_on, num_m, num_tiles, heads_q, heads_kv, seqlen_q, seqlen_k,
-                         qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 1, 3)),
+                         stride_ob, stride_oh, stride_on, num_m, num_tiles, group, num_pairs, heads_q, heads_kv,
+                         seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 1, 3)),
             (_consumer, (q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE,
-                         stride_ob, stride_oh, stride_on, num_m, num_tiles, heads_q, heads_kv, seqlen_q, seqlen_k,
-                         qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 2, 3)),
+                         stride_ob, stride_oh, stride_on, num_m, num_tiles, group, num_pairs, heads_q, heads_kv,
+                         seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 2, 3)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty,
-                         v_empty, num_m, num_tiles, heads_q, heads_kv, seqlen_q, seqlen_k, BLOCK_N, STAGES, CAUSAL,
+                         v_empty, num_m, num_tiles, group, num_pairs, heads_q, heads_kv, seqlen_q, seqlen_k, BLOCK_N, STAGES, CAUSAL,
                          STRIDED, 3)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
@@ -331,11 +360,17 @@ def forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     bn = config.BLOCK_N
     descs = operand_descs([(q, ROWS_PER_WARPGROUP), (k, bn), (v, bn)], elem, config.STRIDED)
     num_m = triton.cdiv(seqlen_q, config.CONSUMERS * ROWS_PER_WARPGROUP)
-    num_tiles = num_m * heads_q * batch
+    num_pairs = heads_q * batch
+    num_tiles = num_m * num_pairs
     programs = min(num_tiles, _sm_count(q.device)) if config.PERSISTENT else num_tiles
+    # persistent and causal: heavy tiles first over as many heads as keep their K / V in L2 (a 3-D
+    # grid's order, group 1, would hand each program tiles of one weight: some get only heavy ones)
+    group = 1
+    if config.PERSISTENT and causal:
+        group = max(1, min(num_pairs, L2_GROUP_BYTES // (2 * seqlen_k * head_dim * q.element_size())))
     fwd_hopper_kernel[(programs,)](
-        *descs, o_out, lse2, *o_out.stride()[:3], heads_q, heads_kv, seqlen_q, seqlen_k, num_m, num_tiles,
-        scale * LOG2E.value,
+        *descs, o_out, lse2, *o_out.stride()[:3], heads_q, heads_kv, seqlen_q, seqlen_k, num_m, num_tiles, group,
+        num_pairs, scale * LOG2E.value,
         HEAD_DIM=head_dim, BLOCK_N=bn, STAGES=config.STAGES, CAUSAL=causal, STRIDED=config.STRIDED,
         CONSUMERS=config.CONSUMERS, CONSUMER_REGS=config.CONSUMER_REGS, num_warps=4,
     )

@@ -227,12 +227,12 @@ class HopperConfig:
 @dataclasses.dataclass(frozen=True)
 class HopperForwardConfig:
     """Launch settings of the Hopper forward (forward_hopper.py, Gluon): CONSUMERS warpgroups of 64
-    query rows per program (2: 128 rows; 3: FlashAttention-3's 192-row tile at d=64, compiled for
-    sm_90 but not yet run on a GPU), BLOCK_N keys per tile, STAGES slots in the K / V ring,
-    CONSUMER_REGS registers per thread of each consumer warpgroup after the first (setmaxnreg; the
-    producer warp gets 24, the first consumer what is left), STRIDED as HopperConfig's.
-    PERSISTENT: one program per SM looping over the tiles (the next tile's Q and K / V load while
-    the last one's output is written) instead of one program per tile; not yet run on a GPU."""
+    query rows per program (2: 128 rows; 3: FlashAttention-3's 192-row tile, d=64 only: 192 rows
+    of d=128 accumulators do not fit the register file), BLOCK_N keys per tile, STAGES slots in
+    the K / V ring, CONSUMER_REGS registers per thread of each consumer warpgroup after the first
+    (setmaxnreg; the producer warp gets 24, the first consumer what is left), STRIDED as
+    HopperConfig's. PERSISTENT: one program per SM taking tile after tile (the next tile's Q and
+    K / V load while the last one's output is written) instead of one program per tile."""
 
     BLOCK_N: int = 128
     STAGES: int = 2
@@ -466,14 +466,15 @@ HOPPER_MIN_SEQLEN: dict[tuple[str, str], int] = {
 
 # The Hopper forward (forward_hopper.py): its launch settings, and from which key length
 # fastest_forward picks it over forward.py's kernel (H200, bf16, 16 heads, B·N = 16384, causal
-# and full: docs/perf-notes.md, v8). d=128: 16-20 % faster from N = 1024; d=64: 0.5-10 % from
-# 8192, even at 4096, 5-16 % slower at 1024-2048 (a program's fixed cost over few key blocks).
+# and full: docs/perf-notes.md, v8-v9). d=128: 16-20 % faster from N = 1024. d=64 with
+# FlashAttention-3's 192-row tile (three consumer warpgroups): 3-9 % faster from 4096 (causal
+# at 4096: 1 %), 10-40 % slower at 1024-2048 (a program's fixed cost over few key blocks).
 HOPPER_FORWARD: dict[tuple[str, str], HopperForwardConfig] = {
-    ("d64", "16bit"): HopperForwardConfig(STAGES=2, STRIDED=True),
+    ("d64", "16bit"): HopperForwardConfig(STAGES=2, CONSUMERS=3, CONSUMER_REGS=160, STRIDED=True),
     ("d128", "16bit"): HopperForwardConfig(STAGES=2, STRIDED=True),
 }
 HOPPER_FORWARD_MIN_SEQLEN: dict[tuple[str, str], int] = {
-    ("d64", "16bit"): 8192,
+    ("d64", "16bit"): 4096,
     ("d128", "16bit"): 0,
 }
 FORWARD_KERNELS = ("tl", "hopper", "fastest")
