@@ -466,15 +466,16 @@ HOPPER_MIN_SEQLEN: dict[tuple[str, str], int] = {
 
 # The Hopper forward (forward_hopper.py): its launch settings, and from which key length
 # fastest_forward picks it over forward.py's kernel (H200, bf16, 16 heads, B·N = 16384, causal
-# and full: docs/perf-notes.md, v8-v9). d=128: 16-20 % faster from N = 1024. d=64 with
-# FlashAttention-3's 192-row tile (three consumer warpgroups): 3-9 % faster from 4096 (causal
-# at 4096: 1 %), 10-40 % slower at 1024-2048 (a program's fixed cost over few key blocks).
+# and full: docs/perf-notes.md, v8-v9). d=128: 16-20 % faster from N = 1024 (persistent: 1-4 %
+# faster without a mask, 5-17 % slower under causal, so off). d=64, FlashAttention-3's 192-row
+# tile (three consumer warpgroups) on a persistent grid: 4-10 % faster from N = 2048, causal and
+# full; at 1024 even (full) or much slower (causal, measured before the causal tile order).
 HOPPER_FORWARD: dict[tuple[str, str], HopperForwardConfig] = {
-    ("d64", "16bit"): HopperForwardConfig(STAGES=2, CONSUMERS=3, CONSUMER_REGS=160, STRIDED=True),
+    ("d64", "16bit"): HopperForwardConfig(STAGES=2, CONSUMERS=3, CONSUMER_REGS=160, STRIDED=True, PERSISTENT=True),
     ("d128", "16bit"): HopperForwardConfig(STAGES=2, STRIDED=True),
 }
 HOPPER_FORWARD_MIN_SEQLEN: dict[tuple[str, str], int] = {
-    ("d64", "16bit"): 4096,
+    ("d64", "16bit"): 2048,
     ("d128", "16bit"): 0,
 }
 FORWARD_KERNELS = ("tl", "hopper", "fastest")
