@@ -44,7 +44,10 @@ def plot_attention_sweep(rows: list[dict[str, Any]], plot_dir: Path) -> list[Pat
     present = {r["impl"] for r in rows}
     impls = [n for n in IMPL_NAMES if n in present] + sorted(present - set(IMPL_NAMES))
     extra = [n for n in impls if n not in IMPL_NAMES]
-    colors = {name: f"C{i % 10}" for i, name in enumerate([*IMPL_NAMES, *extra])}  # one color per impl in every plot
+    # one color per impl in every plot: the default cycle's ten, then colors unlike any of them
+    # (cycling the ten gave flex flash's color)
+    palette = [f"C{i}" for i in range(10)] + ["black", "goldenrod", "darkslategray", "lime", "navy", "maroon"]
+    colors = {name: palette[i % len(palette)] for i, name in enumerate([*IMPL_NAMES, *extra])}
     written = []
     for filename, (value, ylabel, logy) in ATTENTION_PLOTS.items():
         height = 3.8 * len(panels) + 0.7  # + room for the shared legend on top
