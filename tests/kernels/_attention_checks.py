@@ -88,9 +88,11 @@ def run_fwd_bwd(fn, q, k, v, do, **kw):
     return out.detach(), [t.grad for t in leaves]
 
 
-def assert_within_rule(name: str, got: torch.Tensor, ref: torch.Tensor, standard: torch.Tensor | list[torch.Tensor], factor: float) -> None:
+def assert_within_rule(name: str, got: torch.Tensor, ref: torch.Tensor, standard: torch.Tensor | list[torch.Tensor],
+                       factor: float, allowance: torch.Tensor | None = None) -> None:
     """got vs the float64 ref, allowed `factor`× the error of the standards (plain PyTorch in the
-    input dtype: the largest of their max errors) plus 1e-5.
+    input dtype: the largest of their max errors) plus 1e-5, plus `allowance` (broadcast to got)
+    where a caller derives a conditioning bound the standards' luck can undercut.
 
     The standard's error is a max over elements, so on a handful of elements it can be near 0 by
     luck (found by the property tests: one query, two keys, head_dim 1). No implementation in a
@@ -103,11 +105,14 @@ def assert_within_rule(name: str, got: torch.Tensor, ref: torch.Tensor, standard
     standard_err = max((s.double() - ref).abs().max().item() for s in standards)
     ulp = torch.finfo(got.dtype).eps * torch.exp2(torch.floor(torch.log2(ref.abs())))  # 0 where ref is 0
     bound = factor * ulp.clamp(min=standard_err) + 1e-5
+    if allowance is not None:
+        bound = bound + allowance
     i = (err - bound).argmax()
     where = [int(j) for j in torch.unravel_index(i, err.shape)]
     assert err.flatten()[i] <= bound.flatten()[i], (
         f"{name}: abs error {err.flatten()[i]:.3g} at {where} exceeds {factor}× the {got.dtype} standard "
-        f"error {standard_err:.3g} (or one ulp there, {ulp.flatten()[i]:.3g}) + 1e-5 (got "
+        f"error {standard_err:.3g} (or one ulp there, {ulp.flatten()[i]:.3g}) + 1e-5"
+        f"{'' if allowance is None else ' + the allowance there'} (bound {bound.flatten()[i]:.3g}; got "
         f"{got.flatten()[i].item():.6g}, ref {ref.flatten()[i].item():.6g})"
     )
 
