@@ -88,10 +88,10 @@ def kernel_settings(cfg: DictConfig, dtype: str, device: str) -> dict[str, Any] 
     head_dim = cfg.model.n_embd // cfg.model.n_head
     # one (batch 1, one head) sequence of the run's length: what the picks read (no memory behind it)
     q = torch.empty(1, 1, 1, head_dim, dtype=getattr(torch, dtype), device=device).expand(1, 1, cfg.seq_len, head_dim)
-    masked = cfg.attention.get("window") is not None or bool(cfg.data.get("document_mask", False))
+    documents = bool(cfg.data.get("document_mask", False))  # what the Hopper kernels don't take (windows they do)
     if schedule == "fastest":  # what launch.backward picks for such a q
-        schedule = fastest_schedule(q, q, masked)
-    forward = fastest_forward(q, q, masked)  # what launch.forward picks (deterministic either way)
+        schedule = fastest_schedule(q, q, documents)
+    forward = fastest_forward(q, q, documents)  # what launch.forward picks (deterministic either way)
     settings: dict[str, Any] = {
         "forward_kernel": forward,
         "backward_schedule": schedule,

@@ -46,7 +46,7 @@ def _desc(dtype_str, elem, block_shape):
     return f"tensordesc<{dtype_str}{list(block_shape)},{layout!r}>"
 
 
-def compile_variant(kernel: str, name: str, head_dim: int, causal: bool, dtype_str: str = "bf16"):
+def compile_variant(kernel: str, name: str, head_dim: int, causal: bool, dtype_str: str = "bf16", window: bool = False):
     """triton.compile of one variant as the launcher would specialize it (16-byte aligned pointers)."""
     fn, variants = KERNELS[kernel]
     cfg = dict(variants[name])
@@ -60,6 +60,8 @@ def compile_variant(kernel: str, name: str, head_dim: int, causal: bool, dtype_s
         "dq_desc": _desc("fp32", gl.float32, (bm, head_dim)),
     }
     constexprs = dict(cfg, HEAD_DIM=head_dim, CAUSAL=causal)
+    if "WINDOW" in fn.arg_names:
+        constexprs["WINDOW"] = window
     sig, attrs = {}, {}
     for i, arg in enumerate(fn.arg_names):
         if arg in constexprs:
@@ -121,6 +123,7 @@ def main():
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     ap.add_argument("--json", help="write the stats here")
+    ap.add_argument("--window", action="store_true", help="the sliding-window build (WINDOW; causal folded into it)")
     ap.add_argument("--dump", help="write ttgir / ptx per variant here")
     args = ap.parse_args()
     print(f"triton {triton.__version__}, target {TARGET}")
@@ -133,23 +136,25 @@ def main():
             if only and name not in only:
                 continue
             for d in map(int, args.head_dims.split(",")):
-                for causal in (False, True):
-                    rec = dict(kernel=kernel, variant=name, head_dim=d, causal=causal, dtype=args.dtype, **cfg)
+                for causal in (False,) if args.window else (False, True):
+                    rec = dict(kernel=kernel, variant=name, head_dim=d, causal=causal, window=args.window, dtype=args.dtype,
+                               **cfg)
                     try:
-                        ck, secs = compile_variant(kernel, name, d, causal, args.dtype)
+                        ck, secs = compile_variant(kernel, name, d, causal, args.dtype, args.window)
                         ptx = ck.asm["ptx"]
                         rec.update(ok=True, compile_s=round(secs, 1), shared=ck.metadata.shared,
                                    num_warps_total=ck.metadata.num_warps, **ptxas_stats(ptx), **ptx_counts(ptx))
                         if args.dump:
                             os.makedirs(args.dump, exist_ok=True)
-                            stem = os.path.join(args.dump, f"{name}_d{d}_{'causal' if causal else 'full'}")
+                            mask = "window" if args.window else "causal" if causal else "full"
+                            stem = os.path.join(args.dump, f"{name}_d{d}_{mask}")
                             for ext in ("ttgir", "ptx"):
                                 with open(f"{stem}.{ext}", "w") as f:
                                     f.write(ck.asm[ext])
                     except Exception as e:  # noqa: BLE001
                         rec.update(ok=False, error=f"{type(e).__name__}: {str(e)[-3000:]}")
                     rows.append(rec)
-                    head = f"{name:28s} d={d:3d} {'causal' if causal else 'full  '}"
+                    head = f"{name:28s} d={d:3d} {'window' if args.window else 'causal' if causal else 'full  '}"
                     if rec["ok"]:
                         print(f"{head} warps={rec['num_warps_total']:2d} regs={rec['regs']} setmaxnreg={rec['setmaxnreg']} "
                               f"spills={rec['spill_stores']}/{rec['spill_loads']} smem={rec['shared']} "

@@ -2,7 +2,7 @@
 
 What runs where. `launch.backward(schedule="hopper")` runs it, and `schedule="fastest"` (the
 default, `deterministic=False`) picks it on an sm_90 GPU from the key length HOPPER_MIN_SEQLEN
-in launch.py measured it ahead (its launch settings: HOPPER_BACKWARD there). Everywhere else (the CPU interpreter, other GPUs, masks other than causal,
+in launch.py measured it ahead (its launch settings: HOPPER_BACKWARD there). Everywhere else (the CPU interpreter, other GPUs, document ids,
 head dims other than 64 / 128, float32, the deterministic schedule) the portable `tl` kernels in
 backward.py run: they are the reference this kernel is tested against, and the readable version
 of the same steps. Gluon (`triton.experimental.gluon`) exposes what `tl` leaves to the compiler
@@ -15,7 +15,7 @@ named as in backward.py's `bwd_kv_kernel` (fused schedule):
     K, V: one TMA load each, resident in shared memory for the whole program
     for each query tile (BLOCK_M rows of one query head of the GQA group):
         recompute Sᵀ = K Qᵀ and dPᵀ = V dOᵀ            (async wgmma, both in flight)
-        Pᵀ = exp2(Sᵀ · qk_scale − lse2)                 (causal mask on diagonal tiles only)
+        Pᵀ = exp2(Sᵀ · qk_scale − lse2)                 (causal / window mask on edge tiles only)
         dSᵀ = Pᵀ ∘ (dPᵀ − delta)
         dV += Pᵀ dO;  dK += dSᵀ Q                        (Pᵀ, dSᵀ as register operands)
         dQ share = scale · dS K                          (dSᵀ via shared memory, K resident)
@@ -23,6 +23,9 @@ named as in backward.py's `bwd_kv_kernel` (fused schedule):
     dK · scale, dV: cast, stored (rows < Nk)
 
 5 matmuls per tile where the deterministic two passes take 7 (S and dP are recomputed once).
+Under causal the program starts at the first query block that sees its keys; under a sliding
+window (WINDOW, masks.py's bounds) it visits only the query rows some of its keys are seen by
+(tiles.tile_range, as bwd_kv_kernel), and masks the tiles at the window's two edges.
 
 Who does what: a 1-warp producer partition (gl.warp_specialize) issues the TMA loads of Q, dO,
 lse2 and delta into a STAGES-deep shared-memory ring (`ready[s]`: bytes landed, `empty[s]`: the
@@ -63,7 +66,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from kernels.flash_attn.gluon_tma import as_box, gl_dtype, operand_descs, smem_layout, store_target, tma_desc
-from kernels.flash_attn.tiles import LOG2E
+from kernels.flash_attn.masks import resolve
+from kernels.flash_attn.tiles import LOG2E, tile_range
 
 if TYPE_CHECKING:
     from kernels.flash_attn.launch import HopperConfig
@@ -107,18 +111,25 @@ def _zero(it, total, REMAT_DESC: gl.constexpr):
 
 
 @gluon.jit
-def _query_range(start_n, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """The query blocks a key block visits: [lo, Nq); causal: the diagonal ones, below full_lo, masked
-    (bwd_kv_kernel's causal bounds, bottom-right aligned)."""
+def _query_range(start_n, seqlen_q, seqlen_k, win_left, win_right, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 CAUSAL: gl.constexpr, WINDOW: gl.constexpr):
+    """The query rows a key block visits, [lo, hi), and within them [full_lo, full_hi), the query
+    blocks that see every key of the block (no positional mask); causal: the diagonal ones, below
+    full_lo, masked (bwd_kv_kernel's bounds, bottom-right aligned). A window: key j is seen by rows
+    [j − offset − right, j − offset + left] (tiles.tile_range, as bwd_kv_kernel)."""
+    offset = seqlen_k - seqlen_q
+    hi = seqlen_q
+    full_hi = seqlen_q
     if CAUSAL:
-        offset = seqlen_k - seqlen_q
         lo = gl.maximum(start_n - offset, 0) // BLOCK_M * BLOCK_M
         full_lo = gl.minimum(gl.maximum(lo, gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - offset, 0), BLOCK_M) * BLOCK_M),
                              seqlen_q)
+    elif WINDOW:
+        lo, full_lo, full_hi, hi = tile_range(start_n, BLOCK_N, BLOCK_M, seqlen_q, -offset, win_right, win_left)
     else:
         lo = 0
         full_lo = 0
-    return lo, full_lo
+    return lo, full_lo, full_hi, hi
 
 
 @gluon.jit
@@ -157,9 +168,10 @@ def _producer(descs, rings, ready, empty, n_m, lo, q_row0, seqlen_q, heads_q, ls
 
 
 @gluon.jit
-def _tile_grads(k_smem, v_smem, q_s, do_s, lse_s, delta_s, dk, dv, m, full_lo, key_tail, offs_n, offs_m0,
-                seqlen_q, seqlen_k, qk_scale, s_layout: gl.constexpr, a_layout: gl.constexpr,
-                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, MASK_KEYS: gl.constexpr):
+def _tile_grads(k_smem, v_smem, q_s, do_s, lse_s, delta_s, dk, dv, m, full_lo, full_hi, key_tail, offs_n, offs_m0,
+                seqlen_q, seqlen_k, win_left, win_right, qk_scale, s_layout: gl.constexpr, a_layout: gl.constexpr,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+                MASK_KEYS: gl.constexpr):
     """One query tile up to dK / dV: recompute Sᵀ, Pᵀ, dPᵀ, dSᵀ; issue dV += Pᵀ dO and dK += dSᵀ Q
     (async, left in flight). Returns (dk, dv) and dSᵀ in the input dtype. MASK_KEYS (a kernel whose
     dQ sums over the keys): on the last key block (key_tail), Pᵀ = 0 on key rows ≥ Nk."""
@@ -176,6 +188,13 @@ def _tile_grads(k_smem, v_smem, q_s, do_s, lse_s, delta_s, dk, dv, m, full_lo, k
     if CAUSAL:
         if m < full_lo:  # a diagonal tile: query row i sees key j iff j <= i + offset (hence j < Nk)
             p_t = gl.where(offs_n[:, None] <= rows[None, :] + (seqlen_k - seqlen_q), p_t, 0.0)
+    elif WINDOW:
+        if (m < full_lo) | (m + BLOCK_M > full_hi) | key_tail:  # a window's edge, or keys past Nk
+            # tiles.positions_visible's test, one bound at a time (each mask dies at once: fewer registers)
+            offset = seqlen_k - seqlen_q
+            p_t = gl.where(offs_n[:, None] <= rows[None, :] + (offset + win_right), p_t, 0.0)
+            p_t = gl.where(offs_n[:, None] >= rows[None, :] + (offset - win_left), p_t, 0.0)
+            p_t = gl.where(offs_n[:, None] < seqlen_k, p_t, 0.0)
     elif MASK_KEYS:
         if key_tail:  # the last key block: rows past Nk hold the next head's keys (or TMA's zeros)
             p_t = gl.where(offs_n[:, None] < seqlen_k, p_t, 0.0)
@@ -224,9 +243,10 @@ def a_layout_for(HEAD_DIM, num_warps):
 # ----------------------------------------------------------------------------------------------
 @gluon.jit
 def _consumer(descs, rings, k_smem, v_smem, ds_smem, dq_smem, ready, empty, dq_desc, DK, DV, stride_dk_n, stride_dv_n,
-              n_m, lo, full_lo, q_row0, seqlen_q, seqlen_k, start_n, total, qk_scale, softmax_scale,
-              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              CAUSAL: gl.constexpr, REMAT_DESC: gl.constexpr, num_warps: gl.constexpr):
+              n_m, lo, full_lo, full_hi, q_row0, seqlen_q, seqlen_k, win_left, win_right, start_n, total, qk_scale,
+              softmax_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, REMAT_DESC: gl.constexpr,
+              num_warps: gl.constexpr):
     q_ring, do_ring, lse_ring, delta_ring = rings
     s_layout: gl.constexpr = s_layout_for(BLOCK_M, num_warps)
     kv_layout: gl.constexpr = kv_layout_for(HEAD_DIM, num_warps)
@@ -251,8 +271,9 @@ def _consumer(descs, rings, k_smem, v_smem, ds_smem, dq_smem, ready, empty, dq_d
         k_cur = k_smem.index(z)
         ds_cur = ds_smem.index(z)
         dk, dv, ds_t = _tile_grads(k_cur, v_smem.index(z), q_ring.index(s), do_ring.index(s), lse_ring.index(s),
-                                   delta_ring.index(s), dk, dv, m, full_lo, key_tail, offs_n, offs_m0,
-                                   seqlen_q, seqlen_k, qk_scale, s_layout, a_layout, BLOCK_M, BLOCK_N, CAUSAL, True)
+                                   delta_ring.index(s), dk, dv, m, full_lo, full_hi, key_tail, offs_n, offs_m0,
+                                   seqlen_q, seqlen_k, win_left, win_right, qk_scale, s_layout, a_layout, BLOCK_M,
+                                   BLOCK_N, CAUSAL, WINDOW, True)
         # dQ share = dS K: dSᵀ to shared memory, its transposed view as the wgmma's A operand
         ds_cur.store(ds_t)
         fence_async_shared()
@@ -273,11 +294,11 @@ def _consumer(descs, rings, k_smem, v_smem, ds_smem, dq_smem, ready, empty, dq_d
 
 
 # lengths and head counts are not specialized (no recompiles for N == 1 or N % 16 == 0)
-@gluon.jit(do_not_specialize=["heads_q", "heads_kv", "seqlen_q", "seqlen_k", "lse_stride"])
+@gluon.jit(do_not_specialize=["heads_q", "heads_kv", "seqlen_q", "seqlen_k", "lse_stride", "win_left", "win_right"])
 def bwd_hopper_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, dq_desc, DK, DV,
-                      stride_dk_b, stride_dk_h, stride_dk_n, stride_dv_b, stride_dv_h, stride_dv_n, heads_q, heads_kv, seqlen_q, seqlen_k, lse_stride, qk_scale, softmax_scale,
+                      stride_dk_b, stride_dk_h, stride_dk_n, stride_dv_b, stride_dv_h, stride_dv_n, heads_q, heads_kv, seqlen_q, seqlen_k, lse_stride, win_left, win_right, qk_scale, softmax_scale,
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                      STAGES: gl.constexpr, CAUSAL: gl.constexpr, REMAT_DESC: gl.constexpr,
+                      STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, REMAT_DESC: gl.constexpr,
                       STRIDED: gl.constexpr, num_warps: gl.constexpr):
     pid_n = gl.program_id(0)  # grid (key blocks, kv heads, batch)
     kvh = gl.program_id(1)
@@ -288,8 +309,9 @@ def bwd_hopper_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, dq_
     DK += b * stride_dk_b + kvh * stride_dk_h  # dK, dV: this head, in the layout the caller's k, v have
     DV += b * stride_dv_b + kvh * stride_dv_h
     q_row0 = (b * heads_q + kvh * group) * seqlen_q  # the group's first row in flattened Q, dO, dQ
-    lo, full_lo = _query_range(start_n, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
-    n_m = gl.cdiv(seqlen_q - lo, BLOCK_M)
+    lo, full_lo, full_hi, hi = _query_range(start_n, seqlen_q, seqlen_k, win_left, win_right, BLOCK_M, BLOCK_N, CAUSAL,
+                                            WINDOW)
+    n_m = gl.cdiv(hi - lo, BLOCK_M)
     total = group * n_m  # flat loop over (query head of the group, query block)
 
     # shared memory: K, V (resident; [1, ...] for _zero's views), the Q / dO / lse2 / delta ring,
@@ -328,8 +350,9 @@ def bwd_hopper_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, dq_
 
     gl.warp_specialize([
         (_consumer, (descs, rings, k_smem, v_smem, ds_smem, dq_smem, ready, empty, dq_desc, DK, DV, stride_dk_n,
-                     stride_dv_n, n_m, lo, full_lo, q_row0, seqlen_q, seqlen_k, start_n, total, qk_scale, softmax_scale,
-                     HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, REMAT_DESC, num_warps)),
+                     stride_dv_n, n_m, lo, full_lo, full_hi, q_row0, seqlen_q, seqlen_k, win_left, win_right, start_n,
+                     total, qk_scale, softmax_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, REMAT_DESC,
+                     num_warps)),
         (_producer, (descs, rings, ready, empty, n_m, lo, q_row0, seqlen_q, heads_q, lse_stride, total, BLOCK_M, STAGES,
                      STRIDED)),
     ], [1], [24])  # the producer: 1 warp, 24 registers (Triton pads it to a warpgroup; the consumers get the rest)
@@ -356,12 +379,15 @@ def row_descs(lse2: torch.Tensor, delta: torch.Tensor, block_m: int) -> tuple[Te
 
 def backward_hopper(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse2: torch.Tensor,
                     delta: torch.Tensor, causal: bool, scale: float, config: HopperConfig,
-                    dq_float32: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    dq_float32: bool = False, window_size: tuple[int, int] = (-1, -1),
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV) in one pass. q, do (B, Hq, Nq, d), k, v (B, Hkv, Nk, d), bf16 / fp16, d 64 or 128
-    (launch.hopper_unsupported checks the rest); lse2 (base 2) from launch.forward; delta =
-    launch.backward_delta(o, do). dq_float32: dQ as the float32 sum itself (contiguous), uncast."""
+    (launch.hopper_unsupported checks the rest); causal and / or a sliding window (masks.py's
+    convention); lse2 (base 2) from launch.forward; delta = launch.backward_delta(o, do).
+    dq_float32: dQ as the float32 sum itself (contiguous), uncast."""
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    mask = resolve(causal, window_size, None, seqlen_q, seqlen_k)
     elem = gl_dtype(q.dtype)
     # dQ, dK, dV in q's, k's and v's layouts (torch.empty_like), as the `tl` launchers return them
     # and the custom op's fake kernel promises them to torch.compile. The kernel stores dK, dV by
@@ -375,8 +401,8 @@ def backward_hopper(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     bwd_hopper_kernel[(triton.cdiv(seqlen_k, bn), heads_kv, batch)](
         *descs, lse_desc, delta_desc, tma_desc(dq_acc, bm, gl.float32), dk_out, dv_out, *dk_out.stride()[:3], *dv_out.stride()[:3],
-        heads_q, heads_kv, seqlen_q, seqlen_k, lse_stride, scale * LOG2E.value, scale,
-        HEAD_DIM=head_dim, BLOCK_M=bm, BLOCK_N=bn, STAGES=config.STAGES, CAUSAL=causal,
+        heads_q, heads_kv, seqlen_q, seqlen_k, lse_stride, mask.left, mask.right, scale * LOG2E.value, scale,
+        HEAD_DIM=head_dim, BLOCK_M=bm, BLOCK_N=bn, STAGES=config.STAGES, CAUSAL=mask.causal, WINDOW=mask.window,
         REMAT_DESC=config.REMAT_DESC, STRIDED=config.STRIDED, num_warps=config.num_warps,
     )
     for grad, out in ((dk, dk_out), (dv, dv_out)):

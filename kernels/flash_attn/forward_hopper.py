@@ -29,7 +29,9 @@ Edges: Q / K / V through 2-D descriptors over the flattened (B·H·N, d) tensors
 ones over the callers' (B, H, N, d) strides. Key rows past Nk (the next head's, or TMA's zero
 fill) are masked to −inf; query rows past Nq are computed and not stored. Causal is bottom-right
 aligned as in forward.py; rows that see no key (Nq > Nk) give O = 0 and LSE = +inf.
-Limits: d ∈ {64, 128}, bf16 / fp16, causal or no mask (launch.hopper_unsupported).
+A sliding window (WINDOW, masks.py's bounds) visits only the key blocks some row of the tile sees
+(tiles.tile_range, as forward.py) and masks the blocks at its two edges.
+Limits: d ∈ {64, 128}, bf16 / fp16, no document ids (launch.hopper_unsupported).
 """
 from __future__ import annotations
 
@@ -49,7 +51,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from kernels.flash_attn.gluon_tma import as_box, gl_dtype, operand_descs, store_target
-from kernels.flash_attn.tiles import LOG2E
+from kernels.flash_attn.masks import resolve
+from kernels.flash_attn.tiles import LOG2E, tile_range
 
 if TYPE_CHECKING:
     from kernels.flash_attn.launch import HopperForwardConfig
@@ -70,10 +73,10 @@ def _load_rows(desc, ring_slot, bar, b, h, row0, start, STRIDED: gl.constexpr):
 
 
 @gluon.jit
-def _tile(tile, num_m, group, num_pairs, heads_q, heads_kv, seqlen_q, seqlen_k,
-          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """Tile number `tile`: its batch, head, kv head, first query row, key blocks to visit, and the
-    head's first rows in the flattened Q (and LSE) and K / V. The num_pairs (batch, head) pairs go
+def _tile(tile, num_m, group, num_pairs, heads_q, heads_kv, seqlen_q, seqlen_k, win_left, win_right,
+          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr):
+    """Tile number `tile`: its batch, head, kv head, first query row, first key and number of key
+    blocks to visit, and the head's first rows in the flattened Q (and LSE) and K / V. The num_pairs (batch, head) pairs go
     in groups of `group`, and within a group the query block is the slow index. group = 1 is the
     order of a 3-D grid (query blocks fastest, then heads, then batch); a larger one (persistent
     causal launches) brings the heavy query blocks of `group` heads, whose K / V fit in L2
@@ -89,11 +92,14 @@ def _tile(tile, num_m, group, num_pairs, heads_q, heads_kv, seqlen_q, seqlen_k,
     b = bh // heads_q
     kvh = h // (heads_q // heads_kv)
     start_m = pid_m * BLOCK_M
+    k_lo = 0
     hi = seqlen_k
     if CAUSAL:
         hi = gl.minimum(gl.maximum(start_m + BLOCK_M + seqlen_k - seqlen_q, 0), seqlen_k)
-    n_blocks = gl.cdiv(hi, BLOCK_N)
-    return b, h, kvh, start_m, n_blocks, (b * heads_q + h) * seqlen_q, (b * heads_kv + kvh) * seqlen_k
+    if WINDOW:  # the keys some row of the tile sees (forward.py's bounds); k_lo a block multiple
+        k_lo, _, _, hi = tile_range(start_m, BLOCK_M, BLOCK_N, seqlen_k, seqlen_k - seqlen_q, win_left, win_right)
+    n_blocks = gl.cdiv(hi - k_lo, BLOCK_N)
+    return b, h, kvh, start_m, k_lo, n_blocks, (b * heads_q + h) * seqlen_q, (b * heads_kv + kvh) * seqlen_k
 
 
 @gluon.jit
@@ -116,15 +122,16 @@ def _rounds(num_tiles):
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
-              num_m, num_tiles, group, num_pairs, heads_q, heads_kv, seqlen_q, seqlen_k,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, STRIDED: gl.constexpr,
-              CONSUMERS: gl.constexpr):
+              num_m, num_tiles, group, num_pairs, heads_q, heads_kv, seqlen_q, seqlen_k, win_left, win_right,
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+              STRIDED: gl.constexpr, CONSUMERS: gl.constexpr):
     BLOCK_M: gl.constexpr = CONSUMERS * HALF
     it = 0  # K / V tiles loaded so far by this program: the ring's position runs on across tiles
     i = 0  # tiles of this program so far
     for rnd in range(_rounds(num_tiles)):
-        b, h, kvh, start_m, n_blocks, q_row0, kv_row0 = _tile(_nth_tile(rnd), num_m, group, num_pairs, heads_q,
-                                                              heads_kv, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+        b, h, kvh, start_m, k_lo, n_blocks, q_row0, kv_row0 = _tile(
+            _nth_tile(rnd), num_m, group, num_pairs, heads_q, heads_kv, seqlen_q, seqlen_k, win_left, win_right,
+            BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
         for w in gl.static_range(CONSUMERS):
             # Q's slice w is free once its warpgroup's last S of the previous tile has landed
             mbarrier.wait(q_empty.index(w), (i & 1) ^ 1)
@@ -137,10 +144,10 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_
             phase = ((it // STAGES) & 1) ^ 1
             mbarrier.wait(k_empty.index(s), phase)
             mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-            _load_rows(k_desc, k_ring.index(s), k_ready.index(s), b, kvh, kv_row0, j * BLOCK_N, STRIDED)
+            _load_rows(k_desc, k_ring.index(s), k_ready.index(s), b, kvh, kv_row0, k_lo + j * BLOCK_N, STRIDED)
             mbarrier.wait(v_empty.index(s), phase)
             mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-            _load_rows(v_desc, v_ring.index(s), v_ready.index(s), b, kvh, kv_row0, j * BLOCK_N, STRIDED)
+            _load_rows(v_desc, v_ring.index(s), v_ready.index(s), b, kvh, kv_row0, k_lo + j * BLOCK_N, STRIDED)
             it += 1
         i += 1
 
@@ -169,19 +176,28 @@ def _scores(q, k_ring, k_ready, turn, it, t, s_layout: gl.constexpr, W: gl.const
 
 
 @gluon.jit
-def _softmax(s, m_i, l_i, j, rows, row_lo, offs_n, seqlen_k, offset, qk_scale,
-             BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """forward.py's update on tile j: P_j (float32), the new m, l, and α for the accumulator."""
-    cols = j * BLOCK_N + offs_n
+def _softmax(s, m_i, l_i, col0, rows, row_lo, offs_n, seqlen_k, offset, win_left, win_right, qk_scale,
+             BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr):
+    """forward.py's update on the key tile starting at col0: P (float32), the new m, l, and α for
+    the accumulator."""
+    cols = col0 + offs_n
     if CAUSAL:
-        if j * BLOCK_N + BLOCK_N - 1 > row_lo + offset:  # a diagonal tile (the key tail beyond Nk included)
+        if col0 + BLOCK_N - 1 > row_lo + offset:  # a diagonal tile (the key tail beyond Nk included)
             s = gl.where(cols[None, :] <= rows[:, None] + offset, s, float("-inf"))
+    elif WINDOW:
+        # a tile some of this warpgroup's rows see only in part: either window edge, or the key tail
+        if ((col0 < row_lo + HALF - 1 + offset - win_left) | (col0 + BLOCK_N - 1 > row_lo + offset + win_right)
+                | (col0 + BLOCK_N > seqlen_k)):
+            # tiles.positions_visible's test, one bound at a time (each mask dies at once: fewer registers)
+            s = gl.where(cols[None, :] <= rows[:, None] + (offset + win_right), s, float("-inf"))
+            s = gl.where(cols[None, :] >= rows[:, None] + (offset - win_left), s, float("-inf"))
+            s = gl.where(cols[None, :] < seqlen_k, s, float("-inf"))
     else:
-        if j * BLOCK_N + BLOCK_N > seqlen_k:  # the ragged last tile: the next head's keys, or zeros
+        if col0 + BLOCK_N > seqlen_k:  # the ragged last tile: the next head's keys, or zeros
             s = gl.where(cols[None, :] < seqlen_k, s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
     m_sub = m_new
-    if CAUSAL:  # a row that has seen no key yet keeps m = −inf: subtract 0, never e^{−inf − (−inf)}
+    if CAUSAL or WINDOW:  # a row that has seen no key yet keeps m = −inf: subtract 0, never e^{−inf − (−inf)}
         m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
     p = gl.exp2(s * qk_scale - m_sub[:, None])
     alpha = gl.exp2(m_i - m_sub)
@@ -191,10 +207,10 @@ def _softmax(s, m_i, l_i, j, rows, row_lo, offs_n, seqlen_k, offset, qk_scale,
 
 @gluon.jit
 def _consume_tile(q, k_ring, v_ring, k_ready, v_ready, k_empty, v_empty, turn, q_free, OUT, LSE, stride_on, lse_row0,
-                  start_m, n_blocks, it0, t0, seqlen_q, seqlen_k, qk_scale,
+                  start_m, k_lo, n_blocks, it0, t0, seqlen_q, seqlen_k, win_left, win_right, qk_scale,
                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                  W: gl.constexpr, CONSUMERS: gl.constexpr):
-    """One tile's rows [start_m + 64·W, +64): its key blocks at ring positions it0, it0 + 1, ...
+                  WINDOW: gl.constexpr, W: gl.constexpr, CONSUMERS: gl.constexpr):
+    """One tile's rows [start_m + 64·W, +64): its key blocks (from key k_lo) at ring positions it0, it0 + 1, ...
     and GEMM turns t0, t0 + 1, ...; q_free is arrived once every S of the tile has landed."""
     # S (64 × BLOCK_N) and O (64 × d) accumulators over one warpgroup; P as the register A operand
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
@@ -215,7 +231,8 @@ def _consume_tile(q, k_ring, v_ring, k_ready, v_ready, k_empty, v_empty, turn, q
         mbarrier.arrive(turn.index((W + 1) % CONSUMERS))
         s = warpgroup_mma_wait(0, deps=(s,))
         mbarrier.arrive(k_empty.index(it0 % STAGES))
-        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, 0, rows, row_lo, offs_n, seqlen_k, offset, qk_scale, BLOCK_N, CAUSAL)
+        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_lo, rows, row_lo, offs_n, seqlen_k, offset, win_left, win_right,
+                                      qk_scale, BLOCK_N, CAUSAL, WINDOW)
         # P carried to the next GEMM block as the 16-bit register operand: half the registers of float32
         p = gl.convert_layout(p.to(ELEM), p_layout)
         for j in range(1, n_blocks):
@@ -227,7 +244,8 @@ def _consume_tile(q, k_ring, v_ring, k_ready, v_ready, k_empty, v_empty, turn, q
             mbarrier.arrive(turn.index((W + 1) % CONSUMERS))
             s = warpgroup_mma_wait(1, deps=(s,))  # S_j has landed; PV_{j−1} may still run
             mbarrier.arrive(k_empty.index(it % STAGES))
-            p32, m_i, l_i, alpha = _softmax(s, m_i, l_i, j, rows, row_lo, offs_n, seqlen_k, offset, qk_scale, BLOCK_N, CAUSAL)
+            p32, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_lo + j * BLOCK_N, rows, row_lo, offs_n, seqlen_k, offset,
+                                            win_left, win_right, qk_scale, BLOCK_N, CAUSAL, WINDOW)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             mbarrier.arrive(v_empty.index(prev))
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -244,8 +262,11 @@ def _consume_tile(q, k_ring, v_ring, k_ready, v_ready, k_empty, v_empty, turn, q
     else:
         mbarrier.arrive(q_free)
 
-    if CAUSAL:  # rows that see no key (Nq > Nk): O = 0/1, LSE = +inf, as forward.py
-        empty = rows + offset < 0
+    if CAUSAL or WINDOW:  # rows that see no key: O = 0/1, LSE = +inf, as forward.py
+        if CAUSAL:
+            empty = rows + offset < 0
+        else:  # a window can leave rows anywhere with no key: those kept m = −inf
+            empty = m_i == float("-inf")
         l_i = gl.where(empty, 1.0, l_i)
         m_i = gl.where(empty, float("inf"), m_i)
     gl.store(LSE + lse_row0 + rows, m_i + gl.log2(l_i), mask=rows < seqlen_q)
@@ -259,20 +280,22 @@ def _consume_tile(q, k_ring, v_ring, k_ready, v_ready, k_empty, v_empty, turn, q
 @gluon.jit
 def _consumer(q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE,
               stride_ob, stride_oh, stride_on, num_m, num_tiles, group, num_pairs, heads_q, heads_kv, seqlen_q,
-              seqlen_k, qk_scale,
+              seqlen_k, win_left, win_right, qk_scale,
               HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-              W: gl.constexpr, CONSUMERS: gl.constexpr):
+              WINDOW: gl.constexpr, W: gl.constexpr, CONSUMERS: gl.constexpr):
     BLOCK_M: gl.constexpr = CONSUMERS * HALF
     it0 = 0  # ring position of the tile's first key block
     t0 = 0  # GEMM turns taken so far
     i = 0
     for rnd in range(_rounds(num_tiles)):
-        b, h, kvh, start_m, n_blocks, q_row0, kv_row0 = _tile(_nth_tile(rnd), num_m, group, num_pairs, heads_q,
-                                                              heads_kv, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+        b, h, kvh, start_m, k_lo, n_blocks, q_row0, kv_row0 = _tile(
+            _nth_tile(rnd), num_m, group, num_pairs, heads_q, heads_kv, seqlen_q, seqlen_k, win_left, win_right,
+            BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
         mbarrier.wait(q_bar.index(W), i & 1)
         _consume_tile(q_smem.index(W), k_ring, v_ring, k_ready, v_ready, k_empty, v_empty, turn, q_empty.index(W),
-                      OUT + b * stride_ob + h * stride_oh, LSE, stride_on, q_row0, start_m, n_blocks, it0, t0,
-                      seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, W, CONSUMERS)
+                      OUT + b * stride_ob + h * stride_oh, LSE, stride_on, q_row0, start_m, k_lo, n_blocks, it0, t0,
+                      seqlen_q, seqlen_k, win_left, win_right, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WINDOW,
+                      W, CONSUMERS)
         it0 += n_blocks
         t0 += gl.where(n_blocks > 0, n_blocks + 1, 0)
         i += 1
@@ -280,11 +303,11 @@ def _consumer(q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty,
 
 # lengths and head counts are not specialized (no recompiles for N == 1 or N % 16 == 0)
 @gluon.jit(do_not_specialize=["heads_q", "heads_kv", "seqlen_q", "seqlen_k", "num_m", "num_tiles", "group",
-                               "num_pairs"])
+                               "num_pairs", "win_left", "win_right"])
 def fwd_hopper_kernel(q_desc, k_desc, v_desc, OUT, LSE, stride_ob, stride_oh, stride_on,
-                      heads_q, heads_kv, seqlen_q, seqlen_k, num_m, num_tiles, group, num_pairs, qk_scale,
-                      HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                      CAUSAL: gl.constexpr, STRIDED: gl.constexpr, CONSUMERS: gl.constexpr,
+                      heads_q, heads_kv, seqlen_q, seqlen_k, num_m, num_tiles, group, num_pairs, win_left, win_right,
+                      qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                      CAUSAL: gl.constexpr, WINDOW: gl.constexpr, STRIDED: gl.constexpr, CONSUMERS: gl.constexpr,
                       CONSUMER_REGS: gl.constexpr):
     """A 1-D grid over tiles (query block, head, batch; _tile's order): one program per tile, or
     (persistent) fewer programs that each take a tile per round (_nth_tile)."""
@@ -317,27 +340,34 @@ def fwd_hopper_kernel(q_desc, k_desc, v_desc, OUT, LSE, stride_ob, stride_oh, st
         gl.warp_specialize([
             (_consumer, (q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE,
                          stride_ob, stride_oh, stride_on, num_m, num_tiles, group, num_pairs, heads_q, heads_kv,
-                         seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0, 2)),
+                         seqlen_q, seqlen_k, win_left, win_right, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WINDOW,
+                         0, 2)),
             (_consumer, (q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE,
                          stride_ob, stride_oh, stride_on, num_m, num_tiles, group, num_pairs, heads_q, heads_kv,
-                         seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 1, 2)),
+                         seqlen_q, seqlen_k, win_left, win_right, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WINDOW,
+                         1, 2)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty,
-                         v_empty, num_m, num_tiles, group, num_pairs, heads_q, heads_kv, seqlen_q, seqlen_k, BLOCK_N, STAGES, CAUSAL,
+                         v_empty, num_m, num_tiles, group, num_pairs, heads_q, heads_kv, seqlen_q, seqlen_k, win_left, win_right,
+                         BLOCK_N, STAGES, CAUSAL, WINDOW,
                          STRIDED, 2)),
         ], [4, 1], [CONSUMER_REGS, 24])  # the second consumer warpgroup, the 1-warp producer
     else:  # three warpgroups of 64 rows (FlashAttention-3's 192-row tile at d=64)
         gl.warp_specialize([
             (_consumer, (q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE,
                          stride_ob, stride_oh, stride_on, num_m, num_tiles, group, num_pairs, heads_q, heads_kv,
-                         seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0, 3)),
+                         seqlen_q, seqlen_k, win_left, win_right, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WINDOW,
+                         0, 3)),
             (_consumer, (q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE,
                          stride_ob, stride_oh, stride_on, num_m, num_tiles, group, num_pairs, heads_q, heads_kv,
-                         seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 1, 3)),
+                         seqlen_q, seqlen_k, win_left, win_right, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WINDOW,
+                         1, 3)),
             (_consumer, (q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, OUT, LSE,
                          stride_ob, stride_oh, stride_on, num_m, num_tiles, group, num_pairs, heads_q, heads_kv,
-                         seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 2, 3)),
+                         seqlen_q, seqlen_k, win_left, win_right, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WINDOW,
+                         2, 3)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty,
-                         v_empty, num_m, num_tiles, group, num_pairs, heads_q, heads_kv, seqlen_q, seqlen_k, BLOCK_N, STAGES, CAUSAL,
+                         v_empty, num_m, num_tiles, group, num_pairs, heads_q, heads_kv, seqlen_q, seqlen_k, win_left, win_right,
+                         BLOCK_N, STAGES, CAUSAL, WINDOW,
                          STRIDED, 3)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
@@ -348,11 +378,13 @@ def _sm_count(device: torch.device) -> int:
 
 
 def forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-                   config: HopperForwardConfig) -> tuple[torch.Tensor, torch.Tensor]:
+                   config: HopperForwardConfig, window_size: tuple[int, int] = (-1, -1)) -> tuple[torch.Tensor, torch.Tensor]:
     """O (q's dtype and layout) and LSE in base 2 (float32 (B, Hq, Nq)), as launch.forward.
-    q (B, Hq, Nq, d), k, v (B, Hkv, Nk, d), bf16 / fp16, d 64 or 128."""
+    q (B, Hq, Nq, d), k, v (B, Hkv, Nk, d), bf16 / fp16, d 64 or 128; causal and / or a sliding
+    window (the public convention, masks.py)."""
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    mask = resolve(causal, window_size, None, seqlen_q, seqlen_k)
     elem = gl_dtype(q.dtype)
     o = torch.empty_like(q)
     o_out = store_target(o)
@@ -366,12 +398,12 @@ def forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     # persistent and causal: heavy tiles first over as many heads as keep their K / V in L2 (a 3-D
     # grid's order, group 1, would hand each program tiles of one weight: some get only heavy ones)
     group = 1
-    if config.PERSISTENT and causal:
+    if config.PERSISTENT and mask.causal:
         group = max(1, min(num_pairs, L2_GROUP_BYTES // (2 * seqlen_k * head_dim * q.element_size())))
     fwd_hopper_kernel[(programs,)](
         *descs, o_out, lse2, *o_out.stride()[:3], heads_q, heads_kv, seqlen_q, seqlen_k, num_m, num_tiles, group,
-        num_pairs, scale * LOG2E.value,
-        HEAD_DIM=head_dim, BLOCK_N=bn, STAGES=config.STAGES, CAUSAL=causal, STRIDED=config.STRIDED,
+        num_pairs, mask.left, mask.right, scale * LOG2E.value,
+        HEAD_DIM=head_dim, BLOCK_N=bn, STAGES=config.STAGES, CAUSAL=mask.causal, WINDOW=mask.window, STRIDED=config.STRIDED,
         CONSUMERS=config.CONSUMERS, CONSUMER_REGS=config.CONSUMER_REGS, num_warps=4,
     )
     if o_out is not o:

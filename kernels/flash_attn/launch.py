@@ -253,15 +253,15 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     only) or "fastest" (fastest_forward's pick; "tl" when a config or tile_counter is given)."""
     if kernel not in FORWARD_KERNELS:
         raise ValueError(f"kernel must be one of {', '.join(map(repr, FORWARD_KERNELS))}, got {kernel!r}")
-    masked = is_masked(window_size, document_ids)
+    documents = document_ids is not None
     if kernel == "fastest":
-        kernel = "tl" if config is not None or tile_counter is not None else fastest_forward(q, k, masked)
-    elif kernel == "hopper" and (reason := hopper_unsupported(q, k, masked)) is not None:
+        kernel = "tl" if config is not None or tile_counter is not None else fastest_forward(q, k, documents)
+    elif kernel == "hopper" and (reason := hopper_unsupported(q, k, documents)) is not None:
         raise ValueError(f"kernel='hopper' {reason}; use kernel='fastest' to fall back to the Triton kernel")
     if kernel == "hopper":
         from kernels.flash_attn.forward_hopper import forward_hopper
 
-        return forward_hopper(q, k, v, causal, scale, HOPPER_FORWARD[_table_key(q.shape[-1], q.dtype)])
+        return forward_hopper(q, k, v, causal, scale, HOPPER_FORWARD[_table_key(q.shape[-1], q.dtype)], window_size)
     batch, heads_q, seqlen_q, _ = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     o = torch.empty_like(q)  # keeps q's memory layout, so a (B, N, H, D) view stays cheap to reshape
@@ -360,20 +360,16 @@ def backward_fused(do, q, k, v, lse2, delta, causal: bool, scale: float, config:
     return torch.empty_like(q).copy_(dq_acc), dk, dv  # cast into q's layout, as the fake kernel promises
 
 
-def is_masked(window_size: tuple[int, int], document_ids: torch.Tensor | None) -> bool:
-    """A sliding window or document ids: what the Hopper kernels don't take."""
-    return tuple(window_size) != (-1, -1) or document_ids is not None
-
-
-def hopper_unsupported(q: torch.Tensor, k: torch.Tensor, masked: bool = False) -> str | None:
+def hopper_unsupported(q: torch.Tensor, k: torch.Tensor, documents: bool = False) -> str | None:
     """Why the Hopper kernels (the Gluon forward and single-pass backward) can't take these inputs
-    (masked: a window or documents), a reason to show the user; None if they can."""
+    (documents: document ids given; causal masks and sliding windows they take), a reason to show
+    the user; None if they can."""
     on_gpu = not interpreting() and q.device.type == "cuda"
-    return hopper_reason(_capability(q.device) if on_gpu else None, q.dtype, q.shape[-1], masked,
+    return hopper_reason(_capability(q.device) if on_gpu else None, q.dtype, q.shape[-1], documents,
                          max(q.numel(), k.numel()))
 
 
-def hopper_reason(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int, masked: bool,
+def hopper_reason(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int, documents: bool,
                   numel: int) -> str | None:
     """hopper_unsupported's rules on plain facts (capability None: no GPU, or the interpreter)."""
     if capability is None:
@@ -384,8 +380,8 @@ def hopper_reason(capability: tuple[int, int] | None, dtype: torch.dtype, head_d
         return f"takes float16 / bfloat16, got {dtype}"
     if head_dim not in (64, 128) or _table_key(head_dim, dtype) not in HOPPER_BACKWARD.keys() & HOPPER_FORWARD.keys():
         return f"takes head_dim 64 or 128, got {head_dim}"
-    if masked:
-        return "takes the causal mask or none (no sliding window, no document ids)"
+    if documents:
+        return "takes causal masks and sliding windows, not document ids"
     if numel >= 2**31:
         return f"indexes with int32 offsets: B·H·N·d must stay below 2³¹, got {numel}"
     if not _gluon_available():
@@ -402,9 +398,9 @@ def _gluon_available() -> bool:
     return True
 
 
-def fastest_schedule(q: torch.Tensor, k: torch.Tensor | None = None, masked: bool = False) -> str:
+def fastest_schedule(q: torch.Tensor, k: torch.Tensor | None = None, documents: bool = False) -> str:
     """The backward schedule that measured fastest for these inputs, among the exact ones; the one
-    `deterministic=False` runs. k: the keys (default: q's shape); masked: a window or documents.
+    `deterministic=False` runs. k: the keys (default: q's shape); documents: document ids given.
 
     The interpreter: fused (half the programs × key blocks of the two passes). An sm_90 GPU: the
     Gluon single-pass kernel (backward_hopper.py) where it takes the inputs and HOPPER_MIN_SEQLEN
@@ -417,24 +413,25 @@ def fastest_schedule(q: torch.Tensor, k: torch.Tensor | None = None, masked: boo
     if q.device.type != "cuda":
         return "two_pass"
     k = q if k is None else k
-    return gpu_schedule(_capability(q.device), q.dtype, q.shape[-1], k.shape[2], masked, max(q.numel(), k.numel()))
+    return gpu_schedule(_capability(q.device), q.dtype, q.shape[-1], k.shape[2], documents, max(q.numel(), k.numel()))
 
 
-def gpu_schedule(capability: tuple[int, int], dtype: torch.dtype, head_dim: int, seqlen_k: int, masked: bool,
+def gpu_schedule(capability: tuple[int, int], dtype: torch.dtype, head_dim: int, seqlen_k: int, documents: bool,
                  numel: int) -> str:
     """fastest_schedule's pick on a GPU, from plain facts."""
     if capability[0] < 9:
         return "two_pass"
-    if _hopper_ahead(HOPPER_MIN_SEQLEN, capability, dtype, head_dim, seqlen_k, masked, numel):
+    if _hopper_ahead(HOPPER_MIN_SEQLEN, capability, dtype, head_dim, seqlen_k, documents, numel):
         return "hopper"
     return "fused" if FUSED_FASTER.get(_table_key(head_dim, dtype), False) else "two_pass"
 
 
 def _hopper_ahead(min_seqlen: dict[tuple[str, str], int], capability: tuple[int, int], dtype: torch.dtype,
-                  head_dim: int, seqlen_k: int, masked: bool, numel: int) -> bool:
-    """Does a Hopper kernel take these inputs at a key length its table (min_seqlen) measured it ahead?"""
+                  head_dim: int, seqlen_k: int, documents: bool, numel: int) -> bool:
+    """Does a Hopper kernel take these inputs at a key length its table (min_seqlen) measured it
+    ahead? (The tables were measured causal and unmasked; sliding windows follow them unmeasured.)"""
     return (seqlen_k >= min_seqlen.get(_table_key(head_dim, dtype), 2**62)
-            and hopper_reason(capability, dtype, head_dim, masked, numel) is None)
+            and hopper_reason(capability, dtype, head_dim, documents, numel) is None)
 
 
 # Register caps for the document-mask variants, (kernel, head dim class, dtype class) -> registers
@@ -481,18 +478,19 @@ HOPPER_FORWARD_MIN_SEQLEN: dict[tuple[str, str], int] = {
 FORWARD_KERNELS = ("tl", "hopper", "fastest")
 
 
-def fastest_forward(q: torch.Tensor, k: torch.Tensor, masked: bool = False) -> str:
+def fastest_forward(q: torch.Tensor, k: torch.Tensor, documents: bool = False) -> str:
     """The forward kernel that measured fastest for these inputs: "hopper" on an sm_90 GPU where
     the Gluon kernel takes them and HOPPER_FORWARD_MIN_SEQLEN measured it ahead, else "tl"."""
     if interpreting() or q.device.type != "cuda":
         return "tl"
-    return gpu_forward_kernel(_capability(q.device), q.dtype, q.shape[-1], k.shape[2], masked, max(q.numel(), k.numel()))
+    return gpu_forward_kernel(_capability(q.device), q.dtype, q.shape[-1], k.shape[2], documents, max(q.numel(), k.numel()))
 
 
-def gpu_forward_kernel(capability: tuple[int, int], dtype: torch.dtype, head_dim: int, seqlen_k: int, masked: bool,
+def gpu_forward_kernel(capability: tuple[int, int], dtype: torch.dtype, head_dim: int, seqlen_k: int, documents: bool,
                        numel: int) -> str:
     """fastest_forward's pick on a GPU, from plain facts."""
-    return "hopper" if _hopper_ahead(HOPPER_FORWARD_MIN_SEQLEN, capability, dtype, head_dim, seqlen_k, masked, numel) else "tl"
+    return "hopper" if _hopper_ahead(HOPPER_FORWARD_MIN_SEQLEN, capability, dtype, head_dim, seqlen_k, documents,
+                                     numel) else "tl"
 
 
 SCHEDULES = ("two_pass", "fused", "hopper", "fastest")
@@ -511,10 +509,10 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     FLOAT32_DQ_SCHEDULES): dQ is that float32 sum, contiguous, not cast to q's dtype and layout."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(map(repr, SCHEDULES))}, got {schedule!r}")
-    masked = is_masked(window_size, document_ids)
+    documents = document_ids is not None
     if schedule == "fastest":  # its pick has passed hopper_unsupported's checks
-        schedule = fastest_schedule(q, k, masked)
-    elif schedule == "hopper" and (reason := hopper_unsupported(q, k, masked)) is not None:
+        schedule = fastest_schedule(q, k, documents)
+    elif schedule == "hopper" and (reason := hopper_unsupported(q, k, documents)) is not None:
         raise ValueError(f"schedule='hopper' {reason}; use schedule='fastest' to fall back to the Triton kernels")
     if dq_float32 and schedule not in FLOAT32_DQ_SCHEDULES:
         raise ValueError(f"dq_float32=True needs a schedule that sums dQ in float32 ({', '.join(FLOAT32_DQ_SCHEDULES)}), "
@@ -524,7 +522,7 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         from kernels.flash_attn.backward_hopper import backward_hopper
 
         config = HOPPER_BACKWARD[_table_key(q.shape[-1], q.dtype)]
-        return backward_hopper(do, q, k, v, lse2, backward_delta(o, do), causal, scale, config, dq_float32)
+        return backward_hopper(do, q, k, v, lse2, backward_delta(o, do), causal, scale, config, dq_float32, window_size)
     if schedule == "fused":
         return backward_fused(do, q, k, v, lse2, backward_delta(o, do), causal, scale, **masks, dq_float32=dq_float32)
     dq, delta = backward_dq(do, q, k, v, o, lse2, causal, scale, **masks)

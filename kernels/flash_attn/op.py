@@ -68,7 +68,7 @@ def _backward(ctx, do, _dlse):
     q, k, v, o, lse2, document_ids = ctx.saved_tensors
     schedule = ctx.schedule
     if schedule == "fastest":  # resolved here (at trace time under torch.compile), for dq_float32
-        schedule = launch.fastest_schedule(q, k, ctx.window != (-1, -1) or document_ids is not None)
+        schedule = launch.fastest_schedule(q, k, document_ids is not None)
     # a schedule that sums dQ in float32 hands the sum over uncast: the cast is then an op of the
     # graph, which Inductor fuses into the kernel that consumes dq (the gradient of the qkv
     # projection's output), one memory pass fewer per layer than a cast of its own

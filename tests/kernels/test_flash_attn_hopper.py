@@ -18,7 +18,7 @@ from _attention_checks import DEVICE, check_against_reference, make_qkv
 
 from kernels import flash_attention
 from kernels.flash_attn import launch
-from kernels.reference import attention_reference
+from kernels.reference import attention_mask, attention_reference
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 MIN_D64 = launch.HOPPER_MIN_SEQLEN[("d64", "16bit")]
@@ -28,18 +28,18 @@ FWD_MIN_D64 = launch.HOPPER_FORWARD_MIN_SEQLEN[("d64", "16bit")]
 # ----------------------------------------------------------------------------------------------
 # Dispatch (CPU): the rules on plain facts
 # ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("capability,dtype,head_dim,masked,numel,reason", [
+@pytest.mark.parametrize("capability,dtype,head_dim,documents,numel,reason", [
     (None, BF16, 64, False, 1, "CUDA GPU only"),
     ((8, 0), BF16, 64, False, 1, "sm_90 GPU"),
     ((10, 0), BF16, 128, False, 1, "sm_90 GPU"),  # Blackwell has no wgmma
     ((9, 0), FP32, 64, False, 1, "float16 / bfloat16"),
     ((9, 0), BF16, 80, False, 1, "head_dim 64 or 128, got 80"),
     ((9, 0), FP16, 256, False, 1, "head_dim 64 or 128"),
-    ((9, 0), BF16, 64, True, 1, "no sliding window"),
+    ((9, 0), BF16, 64, True, 1, "not document ids"),
     ((9, 0), BF16, 64, False, 2**31, "below 2³¹"),
 ])
-def test_hopper_reason_names_what_to_change(capability, dtype, head_dim, masked, numel, reason):
-    assert reason in launch.hopper_reason(capability, dtype, head_dim, masked, numel)
+def test_hopper_reason_names_what_to_change(capability, dtype, head_dim, documents, numel, reason):
+    assert reason in launch.hopper_reason(capability, dtype, head_dim, documents, numel)
 
 
 def test_hopper_reason_accepts_what_the_kernel_takes(monkeypatch):
@@ -50,36 +50,37 @@ def test_hopper_reason_accepts_what_the_kernel_takes(monkeypatch):
     assert "triton.experimental.gluon" in launch.hopper_reason((9, 0), BF16, 64, False, 1)
 
 
-@pytest.mark.parametrize("capability,dtype,head_dim,seqlen_k,masked,expected", [
+@pytest.mark.parametrize("capability,dtype,head_dim,seqlen_k,documents,expected", [
     ((9, 0), BF16, 64, MIN_D64, False, "hopper"),
     ((9, 0), FP16, 128, 1, False, "hopper"),           # d=128: ahead from the shortest length measured
     ((9, 0), BF16, 64, MIN_D64 - 1, False, "two_pass"),  # short d=64: the two passes measured faster
-    ((9, 0), BF16, 64, 8192, True, "two_pass"),         # windows / documents: the `tl` kernels
+    ((9, 0), BF16, 64, 8192, True, "two_pass"),         # documents: the `tl` kernels
     ((9, 0), BF16, 96, 8192, False, "two_pass"),
     ((9, 0), FP32, 64, 8192, False, "two_pass"),
     ((8, 0), BF16, 64, 8192, False, "two_pass"),
     ((10, 0), BF16, 64, 8192, False, "two_pass"),
 ])
-def test_gpu_schedule_picks_hopper_where_measured_ahead(monkeypatch, capability, dtype, head_dim, seqlen_k, masked, expected):
+def test_gpu_schedule_picks_hopper_where_measured_ahead(monkeypatch, capability, dtype, head_dim, seqlen_k, documents,
+                                                        expected):
     monkeypatch.setattr(launch, "_gluon_available", lambda: True)
     monkeypatch.setattr(launch, "FUSED_FASTER", {})
-    assert launch.gpu_schedule(capability, dtype, head_dim, seqlen_k, masked, 1) == expected
+    assert launch.gpu_schedule(capability, dtype, head_dim, seqlen_k, documents, 1) == expected
 
 
-@pytest.mark.parametrize("capability,dtype,head_dim,seqlen_k,masked,expected", [
+@pytest.mark.parametrize("capability,dtype,head_dim,seqlen_k,documents,expected", [
     ((9, 0), BF16, 64, FWD_MIN_D64, False, "hopper"),
     ((9, 0), FP16, 128, 1, False, "hopper"),       # d=128: ahead from the shortest length measured
     ((9, 0), BF16, 64, FWD_MIN_D64 - 1, False, "tl"),  # short d=64: forward.py measured faster
-    ((9, 0), BF16, 128, 8192, True, "tl"),          # windows / documents: forward.py
+    ((9, 0), BF16, 128, 8192, True, "tl"),          # documents: forward.py
     ((9, 0), BF16, 96, 8192, False, "tl"),
     ((9, 0), FP32, 128, 8192, False, "tl"),
     ((8, 0), BF16, 128, 8192, False, "tl"),
     ((10, 0), BF16, 128, 8192, False, "tl"),
 ])
 def test_gpu_forward_kernel_picks_hopper_where_measured_ahead(monkeypatch, capability, dtype, head_dim, seqlen_k,
-                                                              masked, expected):
+                                                              documents, expected):
     monkeypatch.setattr(launch, "_gluon_available", lambda: True)
-    assert launch.gpu_forward_kernel(capability, dtype, head_dim, seqlen_k, masked, 1) == expected
+    assert launch.gpu_forward_kernel(capability, dtype, head_dim, seqlen_k, documents, 1) == expected
 
 
 def test_forward_kernel_is_checked_and_forcing_hopper_where_it_cannot_run_says_why():
@@ -232,19 +233,21 @@ def forward_strided(request, monkeypatch):
                         {key: dataclasses.replace(cfg, STRIDED=request.param) for key, cfg in launch.HOPPER_FORWARD.items()})
 
 
-def check_forward(q, k, v, causal, kernel):
+def check_forward(q, k, v, causal, kernel, window_size=(-1, -1)):
     """launch.forward's O against float64 under the exactness rule, LSE (base 2) against float64's,
     +inf on rows that see no key, O in q's layout."""
     from _attention_checks import assert_within_rule
 
     nq, nk, d = q.shape[2], k.shape[2], q.shape[-1]
-    o, lse2 = launch.forward(q, k, v, causal, d ** -0.5, kernel=kernel)
+    o, lse2 = launch.forward(q, k, v, causal, d ** -0.5, window_size=window_size, kernel=kernel)
     q64, k64, v64 = (t.double() for t in (q, k, v))
-    assert_within_rule(f"{kernel} forward O", o, attention_reference(q64, k64, v64, causal=causal),
-                       [attention_reference(q, k, v, causal=causal, dtype=None)], 3.0)
+    masks = dict(causal=causal, window_size=window_size)
+    assert_within_rule(f"{kernel} forward O", o, attention_reference(q64, k64, v64, **masks),
+                       [attention_reference(q, k, v, dtype=None, **masks)], 3.0)
     scores = q64 @ k64.repeat_interleave(q.shape[1] // k.shape[1], 1).transpose(-1, -2) * d ** -0.5
-    if causal:
-        scores = scores.masked_fill(~torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(nk - nq), -math.inf)
+    visible = attention_mask(nq, nk, causal, window_size, device=q.device)
+    if visible is not None:
+        scores = scores.masked_fill(~visible, -math.inf)
     lse_ref = torch.logsumexp(scores, -1) / math.log(2)
     seen = torch.isfinite(lse_ref)
     torch.testing.assert_close(lse2.double()[seen], lse_ref[seen], rtol=0, atol=1e-4)
@@ -259,6 +262,53 @@ def check_forward(q, k, v, causal, kernel):
 def test_hopper_forward_is_exact(head_dim, dtype, causal, seqlen_q, seqlen_k, heads):
     q, k, v = make_qkv(2, heads[0], heads[1], seqlen_q, seqlen_k, head_dim, dtype, requires_grad=False)
     check_forward(q, k, v, causal, "hopper")
+
+
+# Sliding windows on the Hopper kernels (flash-attn's convention, masks.py): left 0, 1, 7, 64,
+# beyond the keys; right 0, 3, 50, unlimited; Nq ≠ Nk both ways (150 × 70 with right 0: rows
+# whose window holds no key); lengths past several tiles of either kernel; GQA 4:2.
+HOPPER_WINDOWS = [
+    (100, 100, (7, -1), True), (100, 100, (1, 3), False), (100, 100, (0, 0), False), (100, 100, (64, 3), True),
+    (100, 100, (300, 3), False), (100, 100, (-1, 3), False), (70, 150, (7, 3), False), (70, 150, (64, 0), True),
+    (150, 70, (1, 0), False), (150, 70, (7, 3), True), (700, 1300, (200, 50), False), (1300, 700, (64, 0), True),
+    (2100, 2100, (1000, -1), True), (2100, 2100, (129, 129), False), (333, 333, (-1, 0), False),
+]
+
+
+def _window_cases():
+    for d, dtype, (nq, nk, window, causal) in itertools.product((64, 128), (BF16, FP16), HOPPER_WINDOWS):
+        if dtype == FP16 and nq > 1000:
+            continue  # the long ones once, in bf16
+        yield pytest.param(d, dtype, nq, nk, window, causal,
+                           id=f"d{d}-{str(dtype)[6:]}-q{nq}-k{nk}-w{window[0]}:{window[1]}-{'causal' if causal else 'full'}")
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("head_dim,dtype,seqlen_q,seqlen_k,window,causal", list(_window_cases()))
+def test_hopper_forward_with_a_window_is_exact(head_dim, dtype, seqlen_q, seqlen_k, window, causal):
+    q, k, v = make_qkv(2, 4, 2, seqlen_q, seqlen_k, head_dim, dtype, requires_grad=False)
+    check_forward(q, k, v, causal, "hopper", window)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("head_dim,dtype,seqlen_q,seqlen_k,window,causal", list(_window_cases()))
+def test_hopper_backward_with_a_window_is_exact(head_dim, dtype, seqlen_q, seqlen_k, window, causal):
+    q, k, v = make_qkv(2, 4, 2, seqlen_q, seqlen_k, head_dim, dtype)
+    check_against_reference(q, k, v, causal, schedule="hopper", window_size=window)
+
+
+@pytest.mark.gpu
+@on_hopper
+def test_hopper_forward_takes_windows_on_a_persistent_grid(monkeypatch):
+    # the table's d=64 config loops over tiles (PERSISTENT): a window's tiles have unequal key ranges
+    from kernels.flash_attn import forward_hopper
+
+    assert launch.HOPPER_FORWARD[("d64", "16bit")].PERSISTENT
+    monkeypatch.setattr(forward_hopper, "_sm_count", lambda device: 3)
+    q, k, v = make_qkv(2, 4, 2, 1500, 1500, 64, BF16, requires_grad=False)
+    check_forward(q, k, v, True, "hopper", (300, -1))
 
 
 @pytest.mark.gpu

@@ -166,8 +166,8 @@ def test_kernel_settings_show_the_hopper_kernels_where_they_are_picked(monkeypat
 
     asked = []
 
-    def pick(q, k=None, masked=False):
-        asked.append((q.shape[2], masked))
+    def pick(q, k=None, documents=False):
+        asked.append((q.shape[2], documents))
         return "hopper"
 
     monkeypatch.setattr(launch, "fastest_schedule", pick)
@@ -180,7 +180,11 @@ def test_kernel_settings_show_the_hopper_kernels_where_they_are_picked(monkeypat
     key = launch._table_key(cfg.model.n_embd // cfg.model.n_head, torch.bfloat16)
     assert settings["bwd_hopper"] == dataclasses.asdict(launch.HOPPER_BACKWARD[key])
     assert settings["fwd_hopper"] == dataclasses.asdict(launch.HOPPER_FORWARD[key])
-    cfg.attention.window = 256  # a sliding window: the picks are asked for a masked attention
+    cfg.attention.window = 256  # a sliding window: the Hopper kernels take it, no documents
+    asked.clear()
+    kernel_settings(cfg, "bfloat16", "cpu")
+    assert asked == [(4096, False)] * 2
+    cfg.data.document_mask = True  # document ids: the picks are asked for them
     asked.clear()
     kernel_settings(cfg, "bfloat16", "cpu")
     assert asked == [(4096, True)] * 2
