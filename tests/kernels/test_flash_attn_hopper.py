@@ -377,5 +377,10 @@ def test_default_forward_runs_hopper_where_picked(monkeypatch):
         flash_attention(q, k, v, causal=True)
         assert bool(calls) == picked, (head_dim, seqlen)
         calls.clear()
-        flash_attention(q, k, v, causal=True, window_size=(64, 0))  # a window: forward.py
+        flash_attention(q, k, v, causal=True, window_size=(64, 0))  # a window: the same choice
+        assert bool(calls) == picked, (head_dim, seqlen, "window")
+        calls.clear()
+        docs = torch.zeros(1, seqlen, dtype=torch.int32, device=q.device)
+        docs[:, seqlen // 2:] = 1
+        flash_attention(q, k, v, causal=True, document_ids=docs)  # document ids: forward.py
         assert not calls
