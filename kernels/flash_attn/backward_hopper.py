@@ -61,7 +61,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
     tma,
     warpgroup_mma,
-    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -303,58 +302,54 @@ def _consumer(descs, rings, k_smem, v_smem, ds_smem, dq_smem, ready, empty, dq_d
     key_tail = start_n + BLOCK_N > seqlen_k
 
     if PIPELINE:
-        # Tile it + 1's Sᵀ / dPᵀ wgmmas are issued before tile it's dV / dK / dQ ones; wgmmas complete
-        # in issue order, so tile it + 1's exp and dSᵀ arithmetic runs while tile it's gradient
-        # wgmmas do, where the serial loop below leaves the tensor cores idle. Three ring slots are
-        # busy at once (tile it's until its dK is done, it + 1's, it + 2's loading): STAGES >= 3.
-        gl.static_assert(STAGES >= 3, "the overlapped loop holds three Q / dO slots: STAGES >= 3")
+        # Tile it + 1's Sᵀ / dPᵀ wgmmas are issued before tile it's dV / dK / dQ ones (FA3's
+        # intra-warpgroup overlap); wgmmas complete in issue order, so tile it + 1's exp and dSᵀ
+        # arithmetic runs while tile it's gradient wgmmas do, where the serial loop below leaves the
+        # tensor cores idle. Every wgmma is waited for within its iteration (Pᵀ, dSᵀ cross the
+        # back edge as plain registers): ptxas serializes wgmmas left in flight across it. Two
+        # slots are read at once (it's, it + 1's): STAGES >= 3 keeps one loading.
+        gl.static_assert(STAGES >= 3, "the overlapped loop reads two Q / dO slots at once: STAGES >= 3")
+        ELEM: gl.constexpr = k_smem.dtype
         zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
-        # the loop carries wgmmas in flight (accumulator tokens); a wait turns one into a tensor
-        s_acc = warpgroup_mma_init(zero_s)
-        dp_acc = warpgroup_mma_init(zero_s)
-        dk_acc = warpgroup_mma_init(dk)
-        dv_acc = warpgroup_mma_init(dv)
-        dq_acc = warpgroup_mma_init(zero_dq)
-        if total > 0:  # tile 0's scores, waited for here: the loop's waits then count the same every time
+        p_t = zero_s.to(ELEM)
+        ds_t = zero_s.to(ELEM)
+        if total > 0:  # tile 0's Pᵀ, dSᵀ
+            m, row = _tile_row(0, n_m, lo, q_row0, seqlen_q, BLOCK_M)
             mbarrier.wait(ready.index(0), 0)
-            s_acc, dp_acc = _scores(k_smem.index(0), v_smem.index(0), q_ring.index(0), do_ring.index(0), zero_s)
-            s_acc, dp_acc = warpgroup_mma_wait(0, deps=(s_acc, dp_acc))
-            s_acc = warpgroup_mma_init(s_acc)
-            dp_acc = warpgroup_mma_init(dp_acc)
+            s_t, dp_t = _scores(k_smem.index(0), v_smem.index(0), q_ring.index(0), do_ring.index(0), zero_s)
+            s_t = warpgroup_mma_wait(1, deps=(s_t,))
+            p_f = _probs(s_t, lse_ring.index(0), m, full_lo, full_hi, key_tail, offs_n, offs_m0, seqlen_q, seqlen_k,
+                         win_left, win_right, qk_scale, s_layout, BLOCK_M, CAUSAL, WINDOW, True)
+            dp_t = warpgroup_mma_wait(0, deps=(dp_t,))
+            ds_t = _dscores(p_f, dp_t, delta_ring.index(0), s_layout).to(ELEM)
+            p_t = p_f.to(ELEM)
         for it in range(total):
             s = it % STAGES
             m, row = _tile_row(it, n_m, lo, q_row0, seqlen_q, BLOCK_M)
             z = _zero(it, total, REMAT_DESC)
             k_cur = k_smem.index(z)
             ds_cur = ds_smem.index(z)
-            # in flight, in issue order: this tile's Sᵀ, dPᵀ, then the last tile's dV, dK, dQ (none at it = 0)
-            s_t = warpgroup_mma_wait(4, deps=(s_acc,))
-            p_t = _probs(s_t, lse_ring.index(s), m, full_lo, full_hi, key_tail, offs_n, offs_m0, seqlen_q, seqlen_k,
-                         win_left, win_right, qk_scale, s_layout, BLOCK_M, CAUSAL, WINDOW, True)
-            dp_t = warpgroup_mma_wait(3, deps=(dp_acc,))
-            # Pᵀ, dSᵀ in the input dtype before the next tile's wgmmas start: this tile's Sᵀ / dPᵀ
-            # registers are then free for them (no copies of registers that a wgmma in flight owns)
-            ds_t = _dscores(p_t, dp_t, delta_ring.index(s), s_layout).to(k_smem.dtype)
-            p_t = p_t.to(k_smem.dtype)
-            # the next tile's scores (the last tile recomputes its own, unused: no branch, whose
-            # merge would copy registers that a wgmma in flight owns and so serialize the wgmmas)
+            # the next tile's scores first (the last tile recomputes its own, unused: no branch)
             nxt = gl.minimum(it + 1, total - 1)
             s1 = nxt % STAGES
+            m1, row1 = _tile_row(nxt, n_m, lo, q_row0, seqlen_q, BLOCK_M)
             mbarrier.wait(ready.index(s1), (nxt // STAGES) & 1)
-            s_acc, dp_acc = _scores(k_cur, v_smem.index(z), q_ring.index(s1), do_ring.index(s1), zero_s)
-            dk, dv, dq = warpgroup_mma_wait(2, deps=(dk_acc, dv_acc, dq_acc))  # the last tile's three are done
-            if it > 0:  # the last tile's wgmmas are done: its slot is free, its dQ share goes out
-                mbarrier.arrive(empty.index((it - 1) % STAGES))
-                m_last, row_last = _tile_row(it - 1, n_m, lo, q_row0, seqlen_q, BLOCK_M)
-                _reduce_dq(dq, dq_smem, dq_desc, row_last, softmax_scale)
-            dk_acc, dv_acc, ds_t = _grads(p_t, ds_t, q_ring.index(s), do_ring.index(s), dk, dv, a_layout, k_smem.dtype)
+            s_t, dp_t = _scores(k_cur, v_smem.index(z), q_ring.index(s1), do_ring.index(s1), zero_s)
+            # then this tile's gradients: dV, dK from the registers, dQ = dS K through shared memory
+            dk, dv, ds_t = _grads(p_t, ds_t, q_ring.index(s), do_ring.index(s), dk, dv, a_layout, ELEM)
             ds_cur.store(ds_t)
             fence_async_shared()
-            dq_acc = warpgroup_mma(ds_cur.permute((1, 0)), k_cur, zero_dq, use_acc=False, is_async=True)
-        dk, dv, dq, s_t, dp_t = warpgroup_mma_wait(0, deps=(dk_acc, dv_acc, dq_acc, s_acc, dp_acc))
-        if total > 0:
-            m_last, row_last = _tile_row(total - 1, n_m, lo, q_row0, seqlen_q, BLOCK_M)
-            _reduce_dq(dq, dq_smem, dq_desc, row_last, softmax_scale)
+            dq = warpgroup_mma(ds_cur.permute((1, 0)), k_cur, zero_dq, use_acc=False, is_async=True)
+            # in flight, in issue order: Sᵀ, dPᵀ (next tile), dV, dK, dQ (this tile)
+            s_t = warpgroup_mma_wait(4, deps=(s_t,))
+            p_f = _probs(s_t, lse_ring.index(s1), m1, full_lo, full_hi, key_tail, offs_n, offs_m0, seqlen_q, seqlen_k,
+                         win_left, win_right, qk_scale, s_layout, BLOCK_M, CAUSAL, WINDOW, True)
+            dp_t = warpgroup_mma_wait(3, deps=(dp_t,))
+            ds_t = _dscores(p_f, dp_t, delta_ring.index(s1), s_layout).to(ELEM)
+            p_t = p_f.to(ELEM)
+            dk, dv, dq = warpgroup_mma_wait(0, deps=(dk, dv, dq))  # this tile's wgmmas are done: its slot is free
+            mbarrier.arrive(empty.index(s))
+            _reduce_dq(dq, dq_smem, dq_desc, row, softmax_scale)
     else:
         for it in range(total):
             s = it % STAGES
