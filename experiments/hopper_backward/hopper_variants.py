@@ -20,9 +20,4 @@ HOPPER_VARIANTS = {
     # the table's configs: 4-D descriptors over the inputs' strides (no copies; docs/perf-notes.md v8)
     "hopper_s2_strided": HopperConfig(STAGES=2, STRIDED=True),
     "hopper_s2_hoist_strided": HopperConfig(STAGES=2, REMAT_DESC=False, STRIDED=True),
-    # tile it + 1's scores issued before tile it's gradient wgmmas (the softmax overlaps them);
-    # hopper_s3_hoist_strided is the same ring without the overlap, as the control
-    "hopper_s3_hoist_strided": HopperConfig(STAGES=3, REMAT_DESC=False, STRIDED=True),
-    "hopper_s3_pipe_hoist_strided": HopperConfig(STAGES=3, REMAT_DESC=False, STRIDED=True, PIPELINE=True),
-    "hopper_s3_pipe_strided": HopperConfig(STAGES=3, STRIDED=True, PIPELINE=True),
 }

@@ -168,21 +168,20 @@ def _producer(descs, rings, ready, empty, n_m, lo, q_row0, seqlen_q, heads_q, ls
 
 
 @gluon.jit
-def _scores(k_smem, v_smem, q_s, do_s, zero_s):
-    """Issue the recompute of Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: two async wgmmas, in that order."""
+def _tile_grads(k_smem, v_smem, q_s, do_s, lse_s, delta_s, dk, dv, m, full_lo, full_hi, key_tail, offs_n, offs_m0,
+                seqlen_q, seqlen_k, win_left, win_right, qk_scale, s_layout: gl.constexpr, a_layout: gl.constexpr,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+                MASK_KEYS: gl.constexpr):
+    """One query tile up to dK / dV: recompute Sᵀ, Pᵀ, dPᵀ, dSᵀ; issue dV += Pᵀ dO and dK += dSᵀ Q
+    (async, left in flight). Returns (dk, dv) and dSᵀ in the input dtype. MASK_KEYS (a kernel whose
+    dQ sums over the keys): on the last key block (key_tail), Pᵀ = 0 on key rows ≥ Nk."""
+    ELEM: gl.constexpr = k_smem.dtype
+    rows = m + offs_m0
+    zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+    # recompute Sᵀ and dPᵀ: both wgmmas in flight at once
     s_t = warpgroup_mma(k_smem, q_s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
     dp_t = warpgroup_mma(v_smem, do_s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    return s_t, dp_t
-
-
-@gluon.jit
-def _probs(s_t, lse_s, m, full_lo, full_hi, key_tail, offs_n, offs_m0, seqlen_q, seqlen_k, win_left, win_right,
-           qk_scale, s_layout: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-           MASK_KEYS: gl.constexpr):
-    """Pᵀ = exp2(Sᵀ · qk_scale − lse2) of the query tile starting at row m, masked where it must be.
-    MASK_KEYS (a kernel whose dQ sums over the keys): on the last key block (key_tail), Pᵀ = 0 on
-    key rows ≥ Nk."""
-    rows = m + offs_m0
+    s_t = warpgroup_mma_wait(1, deps=(s_t,))
     # rows past Nq (the next head's, or TMA's zero fill) get lse2 = +inf: Pᵀ = 0 there
     lse2 = gl.where(rows < seqlen_q, lse_s.load(gl.SliceLayout(0, s_layout)), float("inf"))
     p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
@@ -199,50 +198,13 @@ def _probs(s_t, lse_s, m, full_lo, full_hi, key_tail, offs_n, offs_m0, seqlen_q,
     elif MASK_KEYS:
         if key_tail:  # the last key block: rows past Nk hold the next head's keys (or TMA's zeros)
             p_t = gl.where(offs_n[:, None] < seqlen_k, p_t, 0.0)
-    return p_t
-
-
-@gluon.jit
-def _dscores(p_t, dp_t, delta_s, s_layout: gl.constexpr):
-    """dSᵀ = Pᵀ ∘ (dPᵀ − delta)."""
+    dp_t = warpgroup_mma_wait(0, deps=(dp_t,))
     delta = delta_s.load(gl.SliceLayout(0, s_layout))
-    return p_t * (dp_t - delta[None, :])
-
-
-@gluon.jit
-def _grads(p_t, ds_t, q_s, do_s, dk, dv, a_layout: gl.constexpr, ELEM: gl.constexpr):
-    """Issue dV += Pᵀ dO and dK += dSᵀ Q (async, Pᵀ and dSᵀ as register operands, left in flight).
-    Returns (dk, dv) and dSᵀ in the input dtype."""
+    ds_t = p_t * (dp_t - delta[None, :])
     dv = warpgroup_mma(gl.convert_layout(p_t.to(ELEM), a_layout), do_s, dv, is_async=True)
     ds_t = ds_t.to(ELEM)
     dk = warpgroup_mma(gl.convert_layout(ds_t, a_layout), q_s, dk, is_async=True)
     return dk, dv, ds_t
-
-
-@gluon.jit
-def _tile_grads(k_smem, v_smem, q_s, do_s, lse_s, delta_s, dk, dv, m, full_lo, full_hi, key_tail, offs_n, offs_m0,
-                seqlen_q, seqlen_k, win_left, win_right, qk_scale, s_layout: gl.constexpr, a_layout: gl.constexpr,
-                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-                MASK_KEYS: gl.constexpr):
-    """One query tile up to dK / dV, nothing else in flight: recompute Sᵀ, Pᵀ, dPᵀ, dSᵀ; issue
-    dV += Pᵀ dO and dK += dSᵀ Q (async, left in flight). Returns (dk, dv) and dSᵀ in the input dtype."""
-    s_t, dp_t = _scores(k_smem, v_smem, q_s, do_s, gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
-    s_t = warpgroup_mma_wait(1, deps=(s_t,))  # the exp runs while dPᵀ's wgmma does
-    p_t = _probs(s_t, lse_s, m, full_lo, full_hi, key_tail, offs_n, offs_m0, seqlen_q, seqlen_k, win_left, win_right,
-                 qk_scale, s_layout, BLOCK_M, CAUSAL, WINDOW, MASK_KEYS)
-    dp_t = warpgroup_mma_wait(0, deps=(dp_t,))
-    return _grads(p_t, _dscores(p_t, dp_t, delta_s, s_layout), q_s, do_s, dk, dv, a_layout, k_smem.dtype)
-
-
-@gluon.jit
-def _reduce_dq(dq, dq_smem, dq_desc, row, softmax_scale):
-    """dQ[row : row + BLOCK_M] += scale · dq: through the float32 shared tile, one TMA bulk
-    reduce-add (it runs on while the consumers go on; the next call waits for it first)."""
-    dq = dq * softmax_scale
-    tma.store_wait(0)  # the previous tile's reduce has read the buffer
-    dq_smem.store(dq)
-    fence_async_shared()
-    _tma_reduce_add(dq_desc, [row, 0], dq_smem)
 
 
 @gluon.jit
@@ -284,7 +246,7 @@ def _consumer(descs, rings, k_smem, v_smem, ds_smem, dq_smem, ready, empty, dq_d
               n_m, lo, full_lo, full_hi, q_row0, seqlen_q, seqlen_k, win_left, win_right, start_n, total, qk_scale,
               softmax_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, REMAT_DESC: gl.constexpr,
-              PIPELINE: gl.constexpr, num_warps: gl.constexpr):
+              num_warps: gl.constexpr):
     q_ring, do_ring, lse_ring, delta_ring = rings
     s_layout: gl.constexpr = s_layout_for(BLOCK_M, num_warps)
     kv_layout: gl.constexpr = kv_layout_for(HEAD_DIM, num_warps)
@@ -301,76 +263,30 @@ def _consumer(descs, rings, k_smem, v_smem, ds_smem, dq_smem, ready, empty, dq_d
     offs_m0 = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))  # per query row (a column of Sᵀ)
     key_tail = start_n + BLOCK_N > seqlen_k
 
-    if PIPELINE:
-        # Tile it + 1's Sᵀ / dPᵀ wgmmas are issued before tile it's dV / dK / dQ ones (FA3's
-        # intra-warpgroup overlap); wgmmas complete in issue order, so tile it + 1's exp and dSᵀ
-        # arithmetic runs while tile it's gradient wgmmas do, where the serial loop below leaves the
-        # tensor cores idle. Every wgmma is waited for within its iteration (Pᵀ, dSᵀ cross the
-        # back edge as plain registers): ptxas serializes wgmmas left in flight across it. Two
-        # slots are read at once (it's, it + 1's): STAGES >= 3 keeps one loading.
-        gl.static_assert(STAGES >= 3, "the overlapped loop reads two Q / dO slots at once: STAGES >= 3")
-        ELEM: gl.constexpr = k_smem.dtype
-        zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
-        p_t = zero_s.to(ELEM)
-        ds_t = zero_s.to(ELEM)
-        if total > 0:  # tile 0's Pᵀ, dSᵀ
-            m, row = _tile_row(0, n_m, lo, q_row0, seqlen_q, BLOCK_M)
-            mbarrier.wait(ready.index(0), 0)
-            s_t, dp_t = _scores(k_smem.index(0), v_smem.index(0), q_ring.index(0), do_ring.index(0), zero_s)
-            s_t = warpgroup_mma_wait(1, deps=(s_t,))
-            p_f = _probs(s_t, lse_ring.index(0), m, full_lo, full_hi, key_tail, offs_n, offs_m0, seqlen_q, seqlen_k,
-                         win_left, win_right, qk_scale, s_layout, BLOCK_M, CAUSAL, WINDOW, True)
-            dp_t = warpgroup_mma_wait(0, deps=(dp_t,))
-            ds_t = _dscores(p_f, dp_t, delta_ring.index(0), s_layout).to(ELEM)
-            p_t = p_f.to(ELEM)
-        for it in range(total):
-            s = it % STAGES
-            m, row = _tile_row(it, n_m, lo, q_row0, seqlen_q, BLOCK_M)
-            z = _zero(it, total, REMAT_DESC)
-            k_cur = k_smem.index(z)
-            ds_cur = ds_smem.index(z)
-            # the next tile's scores first (the last tile recomputes its own, unused: no branch)
-            nxt = gl.minimum(it + 1, total - 1)
-            s1 = nxt % STAGES
-            m1, row1 = _tile_row(nxt, n_m, lo, q_row0, seqlen_q, BLOCK_M)
-            mbarrier.wait(ready.index(s1), (nxt // STAGES) & 1)
-            s_t, dp_t = _scores(k_cur, v_smem.index(z), q_ring.index(s1), do_ring.index(s1), zero_s)
-            # then this tile's gradients: dV, dK from the registers, dQ = dS K through shared memory
-            dk, dv, ds_t = _grads(p_t, ds_t, q_ring.index(s), do_ring.index(s), dk, dv, a_layout, ELEM)
-            ds_cur.store(ds_t)
-            fence_async_shared()
-            dq = warpgroup_mma(ds_cur.permute((1, 0)), k_cur, zero_dq, use_acc=False, is_async=True)
-            # in flight, in issue order: Sᵀ, dPᵀ (next tile), dV, dK, dQ (this tile)
-            s_t = warpgroup_mma_wait(4, deps=(s_t,))
-            p_f = _probs(s_t, lse_ring.index(s1), m1, full_lo, full_hi, key_tail, offs_n, offs_m0, seqlen_q, seqlen_k,
-                         win_left, win_right, qk_scale, s_layout, BLOCK_M, CAUSAL, WINDOW, True)
-            dp_t = warpgroup_mma_wait(3, deps=(dp_t,))
-            ds_t = _dscores(p_f, dp_t, delta_ring.index(s1), s_layout).to(ELEM)
-            p_t = p_f.to(ELEM)
-            dk, dv, dq = warpgroup_mma_wait(0, deps=(dk, dv, dq))  # this tile's wgmmas are done: its slot is free
-            mbarrier.arrive(empty.index(s))
-            _reduce_dq(dq, dq_smem, dq_desc, row, softmax_scale)
-    else:
-        for it in range(total):
-            s = it % STAGES
-            m, row = _tile_row(it, n_m, lo, q_row0, seqlen_q, BLOCK_M)
-            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-            z = _zero(it, total, REMAT_DESC)
-            k_cur = k_smem.index(z)
-            ds_cur = ds_smem.index(z)
-            dk, dv, ds_t = _tile_grads(k_cur, v_smem.index(z), q_ring.index(s), do_ring.index(s), lse_ring.index(s),
-                                       delta_ring.index(s), dk, dv, m, full_lo, full_hi, key_tail, offs_n, offs_m0,
-                                       seqlen_q, seqlen_k, win_left, win_right, qk_scale, s_layout, a_layout, BLOCK_M,
-                                       BLOCK_N, CAUSAL, WINDOW, True)
-            # dQ share = dS K: dSᵀ to shared memory, its transposed view as the wgmma's A operand
-            ds_cur.store(ds_t)
-            fence_async_shared()
-            dq = warpgroup_mma(ds_cur.permute((1, 0)), k_cur, zero_dq, use_acc=False, is_async=True)
-            dk, dv, dq = warpgroup_mma_wait(0, deps=(dk, dv, dq))  # this tile's wgmmas are done: its slot is free
-            # Triton's membar pass puts a partition-wide barrier before this one-thread arrive, so both
-            # warpgroups are past their reads of the slot
-            mbarrier.arrive(empty.index(s))
-            _reduce_dq(dq, dq_smem, dq_desc, row, softmax_scale)
+    for it in range(total):
+        s = it % STAGES
+        m, row = _tile_row(it, n_m, lo, q_row0, seqlen_q, BLOCK_M)
+        mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+        z = _zero(it, total, REMAT_DESC)
+        k_cur = k_smem.index(z)
+        ds_cur = ds_smem.index(z)
+        dk, dv, ds_t = _tile_grads(k_cur, v_smem.index(z), q_ring.index(s), do_ring.index(s), lse_ring.index(s),
+                                   delta_ring.index(s), dk, dv, m, full_lo, full_hi, key_tail, offs_n, offs_m0,
+                                   seqlen_q, seqlen_k, win_left, win_right, qk_scale, s_layout, a_layout, BLOCK_M,
+                                   BLOCK_N, CAUSAL, WINDOW, True)
+        # dQ share = dS K: dSᵀ to shared memory, its transposed view as the wgmma's A operand
+        ds_cur.store(ds_t)
+        fence_async_shared()
+        dq = warpgroup_mma(ds_cur.permute((1, 0)), k_cur, zero_dq, use_acc=False, is_async=True)
+        dk, dv, dq = warpgroup_mma_wait(0, deps=(dk, dv, dq))  # this tile's wgmmas are done: its slot is free
+        # Triton's membar pass puts a partition-wide barrier before this one-thread arrive, so both
+        # warpgroups are past their reads of the slot
+        mbarrier.arrive(empty.index(s))
+        dq = dq * softmax_scale
+        tma.store_wait(0)  # the previous tile's reduce has read the buffer
+        dq_smem.store(dq)
+        fence_async_shared()
+        _tma_reduce_add(dq_desc, [row, 0], dq_smem)
     tma.store_wait(0)
     # stored from the accumulator layout itself: a convert_layout would need BLOCK_N × HEAD_DIM × 2
     # bytes of scratch that warp specialization keeps apart from the ring
@@ -383,7 +299,7 @@ def bwd_hopper_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, dq_
                       stride_dk_b, stride_dk_h, stride_dk_n, stride_dv_b, stride_dv_h, stride_dv_n, heads_q, heads_kv, seqlen_q, seqlen_k, lse_stride, win_left, win_right, qk_scale, softmax_scale,
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, REMAT_DESC: gl.constexpr,
-                      STRIDED: gl.constexpr, PIPELINE: gl.constexpr, num_warps: gl.constexpr):
+                      STRIDED: gl.constexpr, num_warps: gl.constexpr):
     pid_n = gl.program_id(0)  # grid (key blocks, kv heads, batch)
     kvh = gl.program_id(1)
     b = gl.program_id(2)
@@ -436,7 +352,7 @@ def bwd_hopper_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, dq_
         (_consumer, (descs, rings, k_smem, v_smem, ds_smem, dq_smem, ready, empty, dq_desc, DK, DV, stride_dk_n,
                      stride_dv_n, n_m, lo, full_lo, full_hi, q_row0, seqlen_q, seqlen_k, win_left, win_right, start_n,
                      total, qk_scale, softmax_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, REMAT_DESC,
-                     PIPELINE, num_warps)),
+                     num_warps)),
         (_producer, (descs, rings, ready, empty, n_m, lo, q_row0, seqlen_q, heads_q, lse_stride, total, BLOCK_M, STAGES,
                      STRIDED)),
     ], [1], [24])  # the producer: 1 warp, 24 registers (Triton pads it to a warpgroup; the consumers get the rest)
@@ -487,7 +403,7 @@ def backward_hopper(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
         *descs, lse_desc, delta_desc, tma_desc(dq_acc, bm, gl.float32), dk_out, dv_out, *dk_out.stride()[:3], *dv_out.stride()[:3],
         heads_q, heads_kv, seqlen_q, seqlen_k, lse_stride, mask.left, mask.right, scale * LOG2E.value, scale,
         HEAD_DIM=head_dim, BLOCK_M=bm, BLOCK_N=bn, STAGES=config.STAGES, CAUSAL=mask.causal, WINDOW=mask.window,
-        REMAT_DESC=config.REMAT_DESC, STRIDED=config.STRIDED, PIPELINE=config.PIPELINE, num_warps=config.num_warps,
+        REMAT_DESC=config.REMAT_DESC, STRIDED=config.STRIDED, num_warps=config.num_warps,
     )
     for grad, out in ((dk, dk_out), (dv, dv_out)):
         if out is not grad:

@@ -214,9 +214,7 @@ class HopperConfig:
     out of it they spill; at d=64 hoisting measured faster).
     STRIDED: load Q, dO, K, V through 4-D descriptors over the callers' strides instead of copying
     them contiguous first (the model's q, k, v are views of one projection): end to end at
-    seq_len 8192, 119.7-119.8k vs 116.1-116.3k tokens/s without (docs/perf-notes.md, v8).
-    PIPELINE: issue the next tile's Sᵀ / dPᵀ wgmmas before this tile's dV / dK / dQ ones, so the
-    softmax arithmetic overlaps tensor-core work (STAGES >= 3)."""
+    seq_len 8192, 119.7-119.8k vs 116.1-116.3k tokens/s without (docs/perf-notes.md, v8)."""
 
     BLOCK_M: int = 64
     BLOCK_N: int = 128
@@ -224,7 +222,6 @@ class HopperConfig:
     STAGES: int = 2
     REMAT_DESC: bool = True
     STRIDED: bool = False
-    PIPELINE: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
