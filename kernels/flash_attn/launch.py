@@ -456,6 +456,12 @@ HOPPER_BACKWARD: dict[tuple[str, str], HopperConfig] = {
     ("d64", "16bit"): HopperConfig(STAGES=2, REMAT_DESC=False, STRIDED=True),
     ("d128", "16bit"): HopperConfig(STAGES=2, REMAT_DESC=True, STRIDED=True),
 }
+# Without a mask (neither causal nor a window), where the tiles FlashAttention-3 uses at d=64,
+# 128 query rows, measured faster than 64 (docs/perf-notes.md, v10); under masks the 64-row
+# tiles above (fewer masked rows in a diagonal tile). At d=128 128 rows do not fit shared memory.
+HOPPER_BACKWARD_UNMASKED: dict[tuple[str, str], HopperConfig] = {
+    ("d64", "16bit"): HopperConfig(BLOCK_M=128, STAGES=2, STRIDED=True),
+}
 HOPPER_MIN_SEQLEN: dict[tuple[str, str], int] = {
     ("d64", "16bit"): 4096,  # two runs: at 4096 causal +5-7 %, full −2..+5 %; from 8192 +4-15 %; at 1024 −4-7 %
     ("d128", "16bit"): 0,    # ahead from N = 1024 (14-19 %)
@@ -499,6 +505,13 @@ SCHEDULES = ("two_pass", "fused", "hopper", "fastest")
 FLOAT32_DQ_SCHEDULES = ("fused", "hopper")
 
 
+def hopper_backward_config(head_dim: int, dtype: torch.dtype, unmasked: bool) -> HopperConfig:
+    """The Gluon backward's launch settings: HOPPER_BACKWARD's, or HOPPER_BACKWARD_UNMASKED's where
+    it has an entry and the call has no mask (neither causal nor a window)."""
+    key = _table_key(head_dim, dtype)
+    return HOPPER_BACKWARD_UNMASKED.get(key, HOPPER_BACKWARD[key]) if unmasked else HOPPER_BACKWARD[key]
+
+
 def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse2: torch.Tensor,
              causal: bool, scale: float, schedule: str = "two_pass", window_size: tuple[int, int] = (-1, -1),
              document_ids: torch.Tensor | None = None, dq_float32: bool = False,
@@ -521,7 +534,7 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if schedule == "hopper":
         from kernels.flash_attn.backward_hopper import backward_hopper
 
-        config = HOPPER_BACKWARD[_table_key(q.shape[-1], q.dtype)]
+        config = hopper_backward_config(q.shape[-1], q.dtype, unmasked=not causal and tuple(window_size) == (-1, -1))
         return backward_hopper(do, q, k, v, lse2, backward_delta(o, do), causal, scale, config, dq_float32, window_size)
     if schedule == "fused":
         return backward_fused(do, q, k, v, lse2, backward_delta(o, do), causal, scale, **masks, dq_float32=dq_float32)

@@ -128,9 +128,21 @@ def _gpu_cases():
 def strided(request, monkeypatch):
     """The launch table's configs (STRIDED: 4-D descriptors over the inputs' own strides), and the
     same with STRIDED off (2-D descriptors over contiguous copies), the A/B's other side."""
-    monkeypatch.setattr(launch, "HOPPER_BACKWARD",
-                        {key: dataclasses.replace(cfg, STRIDED=request.param) for key, cfg in launch.HOPPER_BACKWARD.items()})
+    for table in ("HOPPER_BACKWARD", "HOPPER_BACKWARD_UNMASKED"):
+        monkeypatch.setattr(launch, table, {key: dataclasses.replace(cfg, STRIDED=request.param)
+                                            for key, cfg in getattr(launch, table).items()})
     return request.param
+
+
+def test_unmasked_calls_take_their_own_backward_config():
+    # the table's 64-row config under masks; HOPPER_BACKWARD_UNMASKED's (128 rows at d=64) without
+    for d in (64, 128):
+        key = launch._table_key(d, BF16)
+        assert launch.hopper_backward_config(d, BF16, unmasked=False) == launch.HOPPER_BACKWARD[key]
+        expected = launch.HOPPER_BACKWARD_UNMASKED.get(key, launch.HOPPER_BACKWARD[key])
+        assert launch.hopper_backward_config(d, BF16, unmasked=True) == expected
+    assert launch.hopper_backward_config(64, BF16, unmasked=True).BLOCK_M == 128
+    assert launch.hopper_backward_config(128, BF16, unmasked=True).BLOCK_M == 64  # 128 rows don't fit at d=128
 
 
 @pytest.mark.gpu
