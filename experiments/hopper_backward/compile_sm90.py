@@ -39,6 +39,7 @@ KERNELS = {
     "hopper": (backward_hopper.bwd_hopper_kernel, {k: dataclasses.asdict(c) for k, c in HOPPER_VARIANTS.items()}),
 }
 POINTERS = {"DK": None, "DV": None, "LSE": "fp32", "DELTA": "fp32"}  # None: the input dtype
+HOST_KNOBS = {"L2_GROUP_MB"}  # config fields the launcher uses, not the kernel
 
 
 def _desc(dtype_str, elem, block_shape):
@@ -59,7 +60,8 @@ def compile_variant(kernel: str, name: str, head_dim: int, causal: bool, dtype_s
         "lse_desc": _desc("fp32", gl.float32, (bm,)), "delta_desc": _desc("fp32", gl.float32, (bm,)),
         "dq_desc": _desc("fp32", gl.float32, (bm, head_dim)),
     }
-    constexprs = dict(cfg, HEAD_DIM=head_dim, CAUSAL=causal)
+    constexprs = {k: v for k, v in cfg.items() if k not in HOST_KNOBS}
+    constexprs.update(HEAD_DIM=head_dim, CAUSAL=causal)
     if "WINDOW" in fn.arg_names:
         constexprs["WINDOW"] = window
     sig, attrs = {}, {}

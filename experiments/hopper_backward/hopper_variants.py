@@ -20,4 +20,8 @@ HOPPER_VARIANTS = {
     # the table's configs: 4-D descriptors over the inputs' strides (no copies; docs/perf-notes.md v8)
     "hopper_s2_strided": HopperConfig(STAGES=2, STRIDED=True),
     "hopper_s2_hoist_strided": HopperConfig(STAGES=2, REMAT_DESC=False, STRIDED=True),
+    # causal: the heaviest key blocks of 32 MB head groups first (launch.HOPPER_BACKWARD's order
+    # since session 9), against the (key blocks, heads, batch) grid order above
+    "hopper_s2_hoist_strided_l2": HopperConfig(STAGES=2, REMAT_DESC=False, STRIDED=True, L2_GROUP_MB=32),
+    "hopper_s2_strided_l2": HopperConfig(STAGES=2, STRIDED=True, L2_GROUP_MB=32),
 }

@@ -111,6 +111,21 @@ def _zero(it, total, REMAT_DESC: gl.constexpr):
 
 
 @gluon.jit
+def _key_block(pid, num_n, pair_group, heads_kv, batch):
+    """Program pid's key block and (kv head, batch) on the 1-D grid. The (batch, kv head) pairs go in
+    groups of pair_group, and within a group the key block is the slow index: pair_group = 1 is the
+    order of a (key blocks, kv heads, batch) grid; a larger one (causal launches) starts the first
+    key blocks, which see the most query rows, of pair_group heads whose Q / dO fit in L2 together
+    before the lighter ones, so the launch does not end on a heavy program."""
+    num_pairs = heads_kv * batch
+    g = pid // (num_n * pair_group)
+    size = gl.minimum(pair_group, num_pairs - g * pair_group)  # the last group may be smaller
+    r = pid - g * num_n * pair_group
+    bh = g * pair_group + r % size
+    return r // size, bh % heads_kv, bh // heads_kv
+
+
+@gluon.jit
 def _query_range(start_n, seqlen_q, seqlen_k, win_left, win_right, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  CAUSAL: gl.constexpr, WINDOW: gl.constexpr):
     """The query rows a key block visits, [lo, hi), and within them [full_lo, full_hi), the query
@@ -294,15 +309,15 @@ def _consumer(descs, rings, k_smem, v_smem, ds_smem, dq_smem, ready, empty, dq_d
 
 
 # lengths and head counts are not specialized (no recompiles for N == 1 or N % 16 == 0)
-@gluon.jit(do_not_specialize=["heads_q", "heads_kv", "seqlen_q", "seqlen_k", "lse_stride", "win_left", "win_right"])
+@gluon.jit(do_not_specialize=["heads_q", "heads_kv", "batch", "pair_group", "seqlen_q", "seqlen_k", "lse_stride",
+                              "win_left", "win_right"])
 def bwd_hopper_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, dq_desc, DK, DV,
-                      stride_dk_b, stride_dk_h, stride_dk_n, stride_dv_b, stride_dv_h, stride_dv_n, heads_q, heads_kv, seqlen_q, seqlen_k, lse_stride, win_left, win_right, qk_scale, softmax_scale,
+                      stride_dk_b, stride_dk_h, stride_dk_n, stride_dv_b, stride_dv_h, stride_dv_n, heads_q, heads_kv,
+                      batch, pair_group, seqlen_q, seqlen_k, lse_stride, win_left, win_right, qk_scale, softmax_scale,
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, REMAT_DESC: gl.constexpr,
                       STRIDED: gl.constexpr, num_warps: gl.constexpr):
-    pid_n = gl.program_id(0)  # grid (key blocks, kv heads, batch)
-    kvh = gl.program_id(1)
-    b = gl.program_id(2)
+    pid_n, kvh, b = _key_block(gl.program_id(0), gl.cdiv(seqlen_k, BLOCK_N), pair_group, heads_kv, batch)
     start_n = pid_n * BLOCK_N
     group = heads_q // heads_kv
     kv_row0 = (b * heads_kv + kvh) * seqlen_k  # this head's first row in the flattened K, V
@@ -399,9 +414,13 @@ def backward_hopper(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     descs = operand_descs([(q, bm), (do, bm), (k, bn), (v, bn)], elem, config.STRIDED)
     lse_desc, delta_desc, lse_stride = row_descs(lse2, delta, bm)
     dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-    bwd_hopper_kernel[(triton.cdiv(seqlen_k, bn), heads_kv, batch)](
+    pair_group = 1
+    if mask.causal and config.L2_GROUP_MB:  # the heads whose Q, dO (lse2, delta: small) share L2
+        pair_bytes = 2 * (heads_q // heads_kv) * seqlen_q * head_dim * q.element_size()
+        pair_group = max(1, min(batch * heads_kv, (config.L2_GROUP_MB << 20) // pair_bytes))
+    bwd_hopper_kernel[(triton.cdiv(seqlen_k, bn) * heads_kv * batch,)](
         *descs, lse_desc, delta_desc, tma_desc(dq_acc, bm, gl.float32), dk_out, dv_out, *dk_out.stride()[:3], *dv_out.stride()[:3],
-        heads_q, heads_kv, seqlen_q, seqlen_k, lse_stride, mask.left, mask.right, scale * LOG2E.value, scale,
+        heads_q, heads_kv, batch, pair_group, seqlen_q, seqlen_k, lse_stride, mask.left, mask.right, scale * LOG2E.value, scale,
         HEAD_DIM=head_dim, BLOCK_M=bm, BLOCK_N=bn, STAGES=config.STAGES, CAUSAL=mask.causal, WINDOW=mask.window,
         REMAT_DESC=config.REMAT_DESC, STRIDED=config.STRIDED, num_warps=config.num_warps,
     )

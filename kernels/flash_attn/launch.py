@@ -214,7 +214,9 @@ class HopperConfig:
     out of it they spill; at d=64 hoisting measured faster).
     STRIDED: load Q, dO, K, V through 4-D descriptors over the callers' strides instead of copying
     them contiguous first (the model's q, k, v are views of one projection): end to end at
-    seq_len 8192, 119.7-119.8k vs 116.1-116.3k tokens/s without (docs/perf-notes.md, v8)."""
+    seq_len 8192, 119.7-119.8k vs 116.1-116.3k tokens/s without (docs/perf-notes.md, v8).
+    L2_GROUP_MB (causal launches): the first key blocks (the heaviest) of groups of heads whose Q and
+    dO fit this many MB go first; 0: key blocks fastest, head by head."""
 
     BLOCK_M: int = 64
     BLOCK_N: int = 128
@@ -222,6 +224,7 @@ class HopperConfig:
     STAGES: int = 2
     REMAT_DESC: bool = True
     STRIDED: bool = False
+    L2_GROUP_MB: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -453,8 +456,8 @@ FUSED_FASTER: dict[tuple[str, str], bool] = {}
 # dtype class), and from which key length fastest_schedule picks it over the `tl` schedules
 # (H200, bf16, 16 heads, B·N = 16384, causal and full: docs/perf-notes.md, v7).
 HOPPER_BACKWARD: dict[tuple[str, str], HopperConfig] = {
-    ("d64", "16bit"): HopperConfig(STAGES=2, REMAT_DESC=False, STRIDED=True),
-    ("d128", "16bit"): HopperConfig(STAGES=2, REMAT_DESC=True, STRIDED=True),
+    ("d64", "16bit"): HopperConfig(STAGES=2, REMAT_DESC=False, STRIDED=True, L2_GROUP_MB=32),
+    ("d128", "16bit"): HopperConfig(STAGES=2, REMAT_DESC=True, STRIDED=True, L2_GROUP_MB=32),
 }
 # Without a mask (neither causal nor a window), where the tiles FlashAttention-3 uses at d=64,
 # 128 query rows, measured faster than 64 (docs/perf-notes.md, v10); under masks the 64-row

@@ -153,6 +153,20 @@ def test_hopper_backward_is_exact(head_dim, dtype, causal, seqlen_q, seqlen_k, h
     check_against_reference(q, k, v, causal, schedule="hopper")
 
 
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("batch,heads,seqlen_q,seqlen_k", [(1, (5, 5), 1000, 1000), (3, (4, 2), 700, 900)])
+def test_hopper_backward_heavy_first_order_visits_every_key_block(monkeypatch, batch, heads, seqlen_q, seqlen_k):
+    # 1 MB head groups at these lengths: groups of 2-4 (batch, kv head) pairs and a smaller last
+    # one, so every branch of the causal launch order runs; a key block missed or visited twice
+    # would leave dK / dV wrong
+    monkeypatch.setattr(launch, "HOPPER_BACKWARD",
+                        {key: dataclasses.replace(cfg, L2_GROUP_MB=1) for key, cfg in launch.HOPPER_BACKWARD.items()})
+    for head_dim in (64, 128):
+        q, k, v = make_qkv(batch, heads[0], heads[1], seqlen_q, seqlen_k, head_dim, BF16)
+        check_against_reference(q, k, v, True, schedule="hopper")
+
+
 def strided_qkv(layout: str, head_dim: int, batch: int = 2, seqlen: int = 333, heads: int = 4) -> torch.Tensor:
     """q, k, v (stacked) in a layout that is not contiguous. qkv_views: the model's, views of one
     (B, N, 3, H, D) projection (not dense); bnhd: dense (B, N, H, D) tensors seen as (B, H, N, D), as
