@@ -9,8 +9,9 @@ of the same steps. Gluon (`triton.experimental.gluon`) exposes what `tl` leaves 
 and the `tl` backward could not reach: warp specialization, asynchronous wgmma, an mbarrier
 ring, and TMA bulk reduce-add (docs/perf-notes.md, v6-v7).
 
-One program owns BLOCK_N keys of one (batch, kv head); grid (key blocks, Hkv, B). Its steps,
-named as in backward.py's `bwd_kv_kernel` (fused schedule):
+One program owns BLOCK_N keys of one (batch, kv head), on a 1-D grid whose order `_key_block`
+sets (under causal the heaviest key blocks of L2-sized head groups first). Its steps, named as in
+backward.py's `bwd_kv_kernel` (fused schedule):
 
     K, V: one TMA load each, resident in shared memory for the whole program
     for each query tile (BLOCK_M rows of one query head of the GQA group):
