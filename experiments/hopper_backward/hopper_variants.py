@@ -24,4 +24,7 @@ HOPPER_VARIANTS = {
     # since session 9), against the (key blocks, heads, batch) grid order above
     "hopper_s2_hoist_strided_l2": HopperConfig(STAGES=2, REMAT_DESC=False, STRIDED=True, L2_GROUP_MB=32),
     "hopper_s2_strided_l2": HopperConfig(STAGES=2, STRIDED=True, L2_GROUP_MB=32),
+    # FA3's 128-row tile (d=64 only) in the heavy-first causal order: the unmasked table's config
+    # (launch.HOPPER_BACKWARD_UNMASKED) under causal
+    "hopper_bm128_strided_l2": HopperConfig(BLOCK_M=128, STAGES=2, STRIDED=True, L2_GROUP_MB=32),
 }
