@@ -1,6 +1,8 @@
 """The single-pass kernel's configs this experiment compiles and times (kernels/flash_attn/
-backward_hopper.py): launch.HOPPER_BACKWARD takes hopper_s2_hoist_strided at d=64 and hopper_s2_strided at
-d=128 (the strided descriptors since session 7: same kernel time on contiguous inputs, no copies of the model's views)."""
+backward_hopper.py): launch.HOPPER_BACKWARD takes hopper_s2_hoist_strided_l2 at d=64 and hopper_s2_strided_l2
+at d=128 (the strided descriptors since session 7: same kernel time on contiguous inputs, no copies of the
+model's views; the heavy-first causal order since session 9), and launch.HOPPER_BACKWARD_UNMASKED
+hopper_bm128_strided at d=64 without a mask."""
 import os
 import sys
 
