@@ -66,7 +66,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from kernels.flash_attn.gluon_tma import as_box, gl_dtype, operand_descs, smem_layout, store_target, tma_desc
+from kernels.flash_attn.gluon_tma import (
+    as_box,
+    gl_dtype,
+    grouped_order,
+    l2_group,
+    operand_descs,
+    smem_layout,
+    store_target,
+    tma_desc,
+)
 from kernels.flash_attn.masks import resolve
 from kernels.flash_attn.tiles import LOG2E, tile_range
 
@@ -113,17 +122,12 @@ def _zero(it, total, REMAT_DESC: gl.constexpr):
 
 @gluon.jit
 def _key_block(pid, num_n, pair_group, heads_kv, batch):
-    """Program pid's key block and (kv head, batch) on the 1-D grid. The (batch, kv head) pairs go in
-    groups of pair_group, and within a group the key block is the slow index: pair_group = 1 is the
-    order of a (key blocks, kv heads, batch) grid; a larger one (causal launches) starts the first
-    key blocks, which see the most query rows, of pair_group heads whose Q / dO fit in L2 together
-    before the lighter ones, so the launch does not end on a heavy program."""
-    num_pairs = heads_kv * batch
-    g = pid // (num_n * pair_group)
-    size = gl.minimum(pair_group, num_pairs - g * pair_group)  # the last group may be smaller
-    r = pid - g * num_n * pair_group
-    bh = g * pair_group + r % size
-    return r // size, bh % heads_kv, bh // heads_kv
+    """Program pid's key block and (kv head, batch) on the 1-D grid, in gluon_tma.grouped_order's
+    order: pair_group = 1 is a (key blocks, kv heads, batch) grid's; a larger one (causal launches)
+    starts the first key blocks, which see the most query rows, of pair_group heads whose Q / dO
+    fit in L2 together before the lighter ones, so the launch does not end on a heavy program."""
+    pid_n, bh = grouped_order(pid, num_n, pair_group, heads_kv * batch)
+    return pid_n, bh % heads_kv, bh // heads_kv
 
 
 @gluon.jit
@@ -417,8 +421,8 @@ def backward_hopper(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     pair_group = 1
     if mask.causal and config.L2_GROUP_MB:  # the heads whose Q, dO (lse2, delta: small) share L2
-        pair_bytes = 2 * (heads_q // heads_kv) * seqlen_q * head_dim * q.element_size()
-        pair_group = max(1, min(batch * heads_kv, (config.L2_GROUP_MB << 20) // pair_bytes))
+        pair_group = l2_group(batch * heads_kv, config.L2_GROUP_MB << 20,
+                              2 * (heads_q // heads_kv) * seqlen_q * head_dim * q.element_size())
     bwd_hopper_kernel[(triton.cdiv(seqlen_k, bn) * heads_kv * batch,)](
         *descs, lse_desc, delta_desc, tma_desc(dq_acc, bm, gl.float32), dk_out, dv_out, *dk_out.stride()[:3], *dv_out.stride()[:3],
         heads_q, heads_kv, batch, pair_group, seqlen_q, seqlen_k, lse_stride, mask.left, mask.right, scale * LOG2E.value, scale,

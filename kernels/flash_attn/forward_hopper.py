@@ -50,7 +50,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from kernels.flash_attn.gluon_tma import as_box, gl_dtype, operand_descs, store_target
+from kernels.flash_attn.gluon_tma import as_box, gl_dtype, grouped_order, l2_group, operand_descs, store_target
 from kernels.flash_attn.masks import resolve
 from kernels.flash_attn.tiles import LOG2E, tile_range
 
@@ -76,16 +76,11 @@ def _load_rows(desc, ring_slot, bar, b, h, row0, start, STRIDED: gl.constexpr):
 def _tile(tile, num_m, group, num_pairs, heads_q, heads_kv, seqlen_q, seqlen_k, win_left, win_right,
           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr):
     """Tile number `tile`: its batch, head, kv head, first query row, first key and number of key
-    blocks to visit, and the head's first rows in the flattened Q (and LSE) and K / V. The num_pairs (batch, head) pairs go
-    in groups of `group`, and within a group the query block is the slow index. group = 1 is the
-    order of a 3-D grid (query blocks fastest, then heads, then batch); a larger one (persistent
-    causal launches) brings the heavy query blocks of `group` heads, whose K / V fit in L2
-    together, to the front."""
-    g = tile // (num_m * group)
-    size = gl.minimum(group, num_pairs - g * group)  # the last group may be smaller
-    r = tile - g * num_m * group
-    pid_m = r // size
-    bh = g * group + r % size
+    blocks to visit, and the head's first rows in the flattened Q (and LSE) and K / V, in
+    gluon_tma.grouped_order's order over (query block, (batch, head) pair): group = 1 is a 3-D
+    grid's; a larger one (persistent causal launches) brings the heavy query blocks of `group`
+    heads, whose K / V fit in L2 together, to the front."""
+    pid_m, bh = grouped_order(tile, num_m, group, num_pairs)
     if CAUSAL:  # the last query blocks see the most keys: started first, they shorten the tail
         pid_m = num_m - 1 - pid_m
     h = bh % heads_q
@@ -399,7 +394,7 @@ def forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     # grid's order, group 1, would hand each program tiles of one weight: some get only heavy ones)
     group = 1
     if config.PERSISTENT and mask.causal:
-        group = max(1, min(num_pairs, L2_GROUP_BYTES // (2 * seqlen_k * head_dim * q.element_size())))
+        group = l2_group(num_pairs, L2_GROUP_BYTES, 2 * seqlen_k * head_dim * q.element_size())
     fwd_hopper_kernel[(programs,)](
         *descs, o_out, lse2, *o_out.stride()[:3], heads_q, heads_kv, seqlen_q, seqlen_k, num_m, num_tiles, group,
         num_pairs, mask.left, mask.right, scale * LOG2E.value,

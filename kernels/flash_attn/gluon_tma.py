@@ -1,6 +1,6 @@
 """What the Gluon kernels (forward_hopper.py, backward_hopper.py) share: TMA descriptors over the
-callers' tensors, their shared-memory layouts, the view of a 4-D box as a 2-D tile, and the
-buffers their pointer stores need."""
+callers' tensors, their shared-memory layouts, the view of a 4-D box as a 2-D tile, the
+buffers their pointer stores need, and the heavy-first launch order of their causal grids."""
 from __future__ import annotations
 
 import functools
@@ -16,6 +16,25 @@ def as_box(buffer, desc):
     """A 2-D shared-memory tile seen as the box of a 4-D descriptor, (1, 1, rows, d): the same bytes
     (the swizzle follows the two inner dimensions)."""
     return buffer._reinterpret(buffer.dtype, desc.block_type.shape, desc.layout)
+
+
+@gluon.jit
+def grouped_order(index, num_blocks, group, num_pairs):
+    """Work item `index` of num_blocks blocks × num_pairs (batch, head) pairs: (block, pair). The
+    pairs go in groups of `group`, and within a group the block is the slow index: group = 1 is the
+    order of a (blocks, heads, batch) grid; a larger one runs block 0 (under causal, the kernel's
+    heaviest, whichever way it numbers them) of `group` heads before block 1, so a launch does not
+    end on heavy work, and those heads' operands share L2 (l2_group)."""
+    g = index // (num_blocks * group)
+    size = gl.minimum(group, num_pairs - g * group)  # the last group may be smaller
+    r = index - g * num_blocks * group
+    return r // size, g * group + r % size
+
+
+def l2_group(num_pairs: int, budget_bytes: int, pair_bytes: int) -> int:
+    """How many (batch, head) pairs grouped_order groups: as many as keep pair_bytes each within
+    budget_bytes of L2, at least 1, at most all."""
+    return max(1, min(num_pairs, budget_bytes // pair_bytes))
 
 
 def gl_dtype(torch_dtype: torch.dtype):
