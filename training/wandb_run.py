@@ -41,7 +41,7 @@ TOKENS = "train/tokens"  # the x-axis: tokens trained on so far (all ranks), con
 STEP_SUMMARIES = {"train/loss": "min,last", "val/loss": "min,last", "perf/*": "none", "lr": None,
                   "time/elapsed_s": None, "train/skipped_steps": None}
 # flash's `tl` backward kernels per schedule (kernels.flash_attn.launch.SCHEDULES): what its launch
-# settings list ("hopper": the Gluon backward's settings are launch.HOPPER_BACKWARD's, shown as bwd_hopper)
+# settings list ("hopper": the Gluon backward's settings, launch.hopper_backward_config's, shown as bwd_hopper)
 BACKWARD_KERNELS = {"two_pass": ("bwd_dq", "bwd_dkdv"), "fused": ("bwd_fused",), "hopper": ()}
 
 
@@ -74,12 +74,12 @@ def kernel_settings(cfg: DictConfig, dtype: str, device: str) -> dict[str, Any] 
     # the kernels' own (private) resolution rules, so that what is shown is what runs, with no second copy
     from kernels.flash_attn import _schedule
     from kernels.flash_attn.launch import (
-        HOPPER_BACKWARD,
         HOPPER_FORWARD,
         _launch_args,
         _table_key,
         fastest_forward,
         fastest_schedule,
+        hopper_backward_config,
         kernel_config,
     )
 
@@ -105,7 +105,8 @@ def kernel_settings(cfg: DictConfig, dtype: str, device: str) -> dict[str, Any] 
     for kernel in BACKWARD_KERNELS[schedule]:
         settings[kernel] = dataclasses.asdict(kernel_config(kernel, block_d, q.dtype, causal=True))
     if schedule == "hopper":
-        settings["bwd_hopper"] = dataclasses.asdict(HOPPER_BACKWARD[_table_key(head_dim, q.dtype)])
+        # the model's attention is causal: never the unmasked table
+        settings["bwd_hopper"] = dataclasses.asdict(hopper_backward_config(head_dim, q.dtype, unmasked=False))
     return settings
 
 

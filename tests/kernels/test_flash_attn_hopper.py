@@ -190,14 +190,20 @@ def test_hopper_backward_takes_strided_inputs(head_dim, layout, strided):
     check_against_reference(q, k, v, True, schedule="hopper")
 
 
+def spy(monkeypatch, module, name: str) -> list:
+    """module.name still runs, and each call appends to the returned list (clear it between checks)."""
+    calls = []
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    return calls
+
+
 @pytest.mark.gpu
 @on_hopper
 def test_default_backward_runs_hopper_where_picked(monkeypatch):
     from kernels.flash_attn import backward_hopper
 
-    calls = []
-    kernel = backward_hopper.backward_hopper
-    monkeypatch.setattr(backward_hopper, "backward_hopper", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
+    calls = spy(monkeypatch, backward_hopper, "backward_hopper")
     for seqlen, picked in ((MIN_D64, True), (MIN_D64 // 2, False)):
         calls.clear()
         q, k, v = make_qkv(1, 2, 2, seqlen, seqlen, 64, BF16)
@@ -394,9 +400,7 @@ def test_tl_forward_stays_exact_where_hopper_is_picked(head_dim, causal):
 def test_default_forward_runs_hopper_where_picked(monkeypatch):
     from kernels.flash_attn import forward_hopper
 
-    calls = []
-    kernel = forward_hopper.forward_hopper
-    monkeypatch.setattr(forward_hopper, "forward_hopper", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
+    calls = spy(monkeypatch, forward_hopper, "forward_hopper")
     for head_dim, seqlen, picked in ((64, FWD_MIN_D64, True), (64, FWD_MIN_D64 // 2, False), (128, 256, True)):
         calls.clear()
         q, k, v = make_qkv(1, 2, 2, seqlen, seqlen, head_dim, BF16, requires_grad=False)
