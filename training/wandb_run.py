@@ -105,8 +105,8 @@ def kernel_settings(cfg: DictConfig, dtype: str, device: str) -> dict[str, Any] 
     for kernel in BACKWARD_KERNELS[schedule]:
         settings[kernel] = dataclasses.asdict(kernel_config(kernel, block_d, q.dtype, causal=True))
     if schedule == "hopper":
-        # the model's attention is causal: never the unmasked table
-        settings["bwd_hopper"] = dataclasses.asdict(hopper_backward_config(head_dim, q.dtype, unmasked=False))
+        window = cfg.attention.get("window") is not None  # attention.window: the sliding-window table
+        settings["bwd_hopper"] = dataclasses.asdict(hopper_backward_config(head_dim, q.dtype, window=window))
     return settings
 
 

@@ -454,16 +454,17 @@ FUSED_FASTER: dict[tuple[str, str], bool] = {}
 
 # The Hopper single-pass backward (backward_hopper.py): its launch settings per (head dim class,
 # dtype class), and from which key length fastest_schedule picks it over the `tl` schedules
-# (H200, bf16, 16 heads, B·N = 16384, causal and full: docs/perf-notes.md, v7).
+# (H200, bf16, 16 heads, B·N = 16384, causal and full: docs/perf-notes.md, v7). At d=64, the
+# tiles FlashAttention-3 uses, 128 query rows: faster than 64 without a mask (v10) and, in two
+# runs, under causal (v11); at d=128 128 rows do not fit shared memory.
 HOPPER_BACKWARD: dict[tuple[str, str], HopperConfig] = {
-    ("d64", "16bit"): HopperConfig(STAGES=2, REMAT_DESC=False, STRIDED=True, L2_GROUP_MB=32),
+    ("d64", "16bit"): HopperConfig(BLOCK_M=128, STAGES=2, STRIDED=True, L2_GROUP_MB=32),
     ("d128", "16bit"): HopperConfig(STAGES=2, REMAT_DESC=True, STRIDED=True, L2_GROUP_MB=32),
 }
-# Without a mask (neither causal nor a window), where the tiles FlashAttention-3 uses at d=64,
-# 128 query rows, measured faster than 64 (docs/perf-notes.md, v10); under masks the 64-row
-# tiles above (fewer masked rows in a diagonal tile). At d=128 128 rows do not fit shared memory.
-HOPPER_BACKWARD_UNMASKED: dict[tuple[str, str], HopperConfig] = {
-    ("d64", "16bit"): HopperConfig(BLOCK_M=128, STAGES=2, STRIDED=True),
+# Under a sliding window the d=64 backward keeps the 64-row tiles its window rows were measured
+# with (a band has two masked edges per tile row; 128 rows measured slower there, v11).
+HOPPER_BACKWARD_WINDOW: dict[tuple[str, str], HopperConfig] = {
+    ("d64", "16bit"): HopperConfig(STAGES=2, REMAT_DESC=False, STRIDED=True, L2_GROUP_MB=32),
 }
 HOPPER_MIN_SEQLEN: dict[tuple[str, str], int] = {
     ("d64", "16bit"): 4096,  # two runs: at 4096 causal +5-7 %, full −2..+5 %; from 8192 +4-15 %; at 1024 −4-7 %
@@ -508,11 +509,11 @@ SCHEDULES = ("two_pass", "fused", "hopper", "fastest")
 FLOAT32_DQ_SCHEDULES = ("fused", "hopper")
 
 
-def hopper_backward_config(head_dim: int, dtype: torch.dtype, unmasked: bool) -> HopperConfig:
-    """The Gluon backward's launch settings: HOPPER_BACKWARD's, or HOPPER_BACKWARD_UNMASKED's where
-    it has an entry and the call has no mask (neither causal nor a window)."""
+def hopper_backward_config(head_dim: int, dtype: torch.dtype, window: bool) -> HopperConfig:
+    """The Gluon backward's launch settings: HOPPER_BACKWARD's, or HOPPER_BACKWARD_WINDOW's where
+    it has an entry and the call has a sliding window."""
     key = _table_key(head_dim, dtype)
-    return HOPPER_BACKWARD_UNMASKED.get(key, HOPPER_BACKWARD[key]) if unmasked else HOPPER_BACKWARD[key]
+    return HOPPER_BACKWARD_WINDOW.get(key, HOPPER_BACKWARD[key]) if window else HOPPER_BACKWARD[key]
 
 
 def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse2: torch.Tensor,
@@ -537,7 +538,7 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if schedule == "hopper":
         from kernels.flash_attn.backward_hopper import backward_hopper
 
-        config = hopper_backward_config(q.shape[-1], q.dtype, unmasked=not causal and tuple(window_size) == (-1, -1))
+        config = hopper_backward_config(q.shape[-1], q.dtype, window=tuple(window_size) != (-1, -1))
         return backward_hopper(do, q, k, v, lse2, backward_delta(o, do), causal, scale, config, dq_float32, window_size)
     if schedule == "fused":
         return backward_fused(do, q, k, v, lse2, backward_delta(o, do), causal, scale, **masks, dq_float32=dq_float32)

@@ -128,21 +128,37 @@ def _gpu_cases():
 def strided(request, monkeypatch):
     """The launch table's configs (STRIDED: 4-D descriptors over the inputs' own strides), and the
     same with STRIDED off (2-D descriptors over contiguous copies), the A/B's other side."""
-    for table in ("HOPPER_BACKWARD", "HOPPER_BACKWARD_UNMASKED"):
+    for table in ("HOPPER_BACKWARD", "HOPPER_BACKWARD_WINDOW"):
         monkeypatch.setattr(launch, table, {key: dataclasses.replace(cfg, STRIDED=request.param)
                                             for key, cfg in getattr(launch, table).items()})
     return request.param
 
 
-def test_unmasked_calls_take_their_own_backward_config():
-    # the table's 64-row config under masks; HOPPER_BACKWARD_UNMASKED's (128 rows at d=64) without
+def test_window_calls_take_their_own_backward_config():
+    # HOPPER_BACKWARD's config with or without causal; HOPPER_BACKWARD_WINDOW's (64 rows at d=64) under a window
     for d in (64, 128):
         key = launch._table_key(d, BF16)
-        assert launch.hopper_backward_config(d, BF16, unmasked=False) == launch.HOPPER_BACKWARD[key]
-        expected = launch.HOPPER_BACKWARD_UNMASKED.get(key, launch.HOPPER_BACKWARD[key])
-        assert launch.hopper_backward_config(d, BF16, unmasked=True) == expected
-    assert launch.hopper_backward_config(64, BF16, unmasked=True).BLOCK_M == 128
-    assert launch.hopper_backward_config(128, BF16, unmasked=True).BLOCK_M == 64  # 128 rows don't fit at d=128
+        assert launch.hopper_backward_config(d, BF16, window=False) == launch.HOPPER_BACKWARD[key]
+        expected = launch.HOPPER_BACKWARD_WINDOW.get(key, launch.HOPPER_BACKWARD[key])
+        assert launch.hopper_backward_config(d, BF16, window=True) == expected
+    assert launch.hopper_backward_config(64, BF16, window=False).BLOCK_M == 128
+    assert launch.hopper_backward_config(64, BF16, window=True).BLOCK_M == 64
+    assert launch.hopper_backward_config(128, BF16, window=False).BLOCK_M == 64  # 128 rows don't fit at d=128
+
+
+def test_backward_passes_the_window_config_only_under_a_window(monkeypatch):
+    # launch.backward's pick between the two tables, on meta tensors: the Gluon launcher is replaced
+    from kernels.flash_attn import backward_hopper
+
+    configs = []
+    monkeypatch.setattr(backward_hopper, "backward_hopper", lambda *args, **kw: configs.append(args[8]) or (None,) * 3)
+    monkeypatch.setattr(launch, "backward_delta", lambda o, do: None)
+    monkeypatch.setattr(launch, "hopper_unsupported", lambda *args, **kw: None)  # meta tensors: no GPU to ask
+    q = torch.empty(1, 1, 8, 64, dtype=BF16, device="meta")
+    for causal, window in ((True, (-1, -1)), (False, (-1, -1)), (True, (16, 0)), (False, (4, 4))):
+        launch.backward(q, q, q, q, q, q, causal, 0.125, "hopper", window)
+        assert configs[-1] == launch.hopper_backward_config(64, BF16, window=window != (-1, -1))
+    assert [c.BLOCK_M for c in configs] == [128, 128, 64, 64]
 
 
 @pytest.mark.gpu

@@ -182,8 +182,9 @@ def test_kernel_settings_show_the_hopper_kernels_where_they_are_picked(monkeypat
     assert settings["fwd_hopper"] == dataclasses.asdict(launch.HOPPER_FORWARD[key])
     cfg.attention.window = 256  # a sliding window: the Hopper kernels take it, no documents
     asked.clear()
-    kernel_settings(cfg, "bfloat16", "cpu")
+    windowed = kernel_settings(cfg, "bfloat16", "cpu")
     assert asked == [(4096, False)] * 2
+    assert windowed["bwd_hopper"] == dataclasses.asdict(launch.hopper_backward_config(cfg.model.n_embd // cfg.model.n_head, torch.bfloat16, window=True))
     cfg.data.document_mask = True  # document ids: the picks are asked for them
     asked.clear()
     kernel_settings(cfg, "bfloat16", "cpu")
