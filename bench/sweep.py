@@ -52,15 +52,18 @@ class Point:
 
 def sweep_points(
     impls: Iterable[str], dtypes: Iterable[str], head_dims: Iterable[int], causals: Iterable[bool],
-    seqlens: Iterable[int], tokens: int, heads: int,
+    seqlens: Iterable[int], tokens: int, heads: int, interleave: bool = False,
 ) -> list[Point]:
     """Every point of the sweep, one implementation after another (in the order given, so the
     compile-heavy flex, last by default, cannot hold up the others), each walking up in seqlen
-    (its OOM frontier reads top to bottom in the printed table)."""
-    return [
-        Point(impl, dtype_name(parse_dtype(dt)), d, n, max(1, tokens // n), heads, causal)
-        for impl in impls for dt in dtypes for d in head_dims for causal in causals for n in sorted(seqlens)
-    ]
+    (its OOM frontier reads top to bottom in the printed table). interleave: the implementations
+    of each shape back to back instead, so the ratios between them are measured seconds apart
+    rather than a whole sweep apart (the GPU's clocks drift with its temperature over a sweep)."""
+    shapes = [(dtype_name(parse_dtype(dt)), d, causal, n)
+              for dt in dtypes for d in head_dims for causal in causals for n in sorted(seqlens)]
+    order = [(impl, shape) for shape in shapes for impl in impls] if interleave else \
+        [(impl, shape) for impl in impls for shape in shapes]
+    return [Point(impl, dt, d, n, max(1, tokens // n), heads, causal) for impl, (dt, d, causal, n) in order]
 
 
 def tflops(flops: int, ms: float | None) -> float | None:

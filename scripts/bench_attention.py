@@ -75,6 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help=f"result JSON (default {default_out(SCRIPT, 'attention_bench.json')})")
     p.add_argument("--plot-dir", type=Path, help="where the three plots go (default: beside --out)")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--interleave", action="store_true",
+                   help="time the impls of each shape back to back (default: one impl's whole sweep after another)")
     p.add_argument("--append", action="store_true", help="merge into --out: keep its rows that this run does not re-measure")
     p.add_argument("--masks", nargs="*", metavar="MASK", help=f"mask rows instead of the dense sweep (no names: {' '.join(DEFAULT_MASKS)})")
     p.add_argument("--mask-impls", nargs="+", choices=MASK_IMPLS, default=list(MASK_IMPLS))
@@ -92,8 +94,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if args.masks is not None:
         return main_masks(args, device)
     impl_names = args.impls or default_impls(device)
-    points = sweep_points(impl_names, args.dtypes, args.head_dims, CAUSAL_CHOICES[args.causal], args.seqlens, args.tokens, args.heads)
+    points = sweep_points(impl_names, args.dtypes, args.head_dims, CAUSAL_CHOICES[args.causal], args.seqlens, args.tokens,
+                          args.heads, interleave=args.interleave)
     meta = run_meta(device, CONVENTION)
+    meta["order"] = "interleaved: the impls of each shape back to back" if args.interleave else "one impl's sweep after another"
     old_rows: list[dict[str, Any]] = []
     if args.append and args.out.exists():
         previous = read_results(args.out)

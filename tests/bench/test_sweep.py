@@ -48,6 +48,15 @@ def test_sweep_points_hold_tokens_fixed():
     assert [(p.seqlen, p.batch) for p in points[:3]] == [(512, 32), (4096, 4), (32768, 1)]  # ascending, batch >= 1
 
 
+def test_sweep_points_interleaved_put_the_impls_of_a_shape_together():
+    args = (["flash", "sdpa_cudnn"], ["bf16"], [64, 128], [True], [8192, 1024], 16384, 16)
+    plain, mixed = sweep.sweep_points(*args), sweep.sweep_points(*args, interleave=True)
+    assert sorted(map(str, plain)) == sorted(map(str, mixed))  # the same points, another order
+    assert [p.impl for p in plain[:4]] == ["flash"] * 4
+    assert [(p.impl, p.head_dim, p.seqlen) for p in mixed[:4]] == [
+        ("flash", 64, 1024), ("sdpa_cudnn", 64, 1024), ("flash", 64, 8192), ("sdpa_cudnn", 64, 8192)]
+
+
 def test_point_is_a_row_prefix():
     assert tuple(f.name for f in dataclasses.fields(sweep.Point)) == sweep.POINT_KEYS
 
