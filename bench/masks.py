@@ -110,8 +110,9 @@ def masked_impl(impl: str, mask: Mask, seqlen: int, device: torch.device) -> Mas
 
 
 def mask_rows(impls: list[str], masks: list[str], dtype: torch.dtype, head_dim: int, seqlen: int, batch: int, heads: int,
-              device: torch.device, corpus: Callable[[int, int], Tensor], warmup_ms: float, rep_ms: float) -> list[dict[str, Any]]:
-    """One row per (impl, mask) at one shape; causal first, so every row gets its speed-up."""
+              device: torch.device, corpus: Callable[[int, int], Tensor], warmup_ms: float, rep_ms: float,
+              timer: str = "events") -> list[dict[str, Any]]:
+    """One row per (impl, mask) at one shape; causal first, so every row gets its speed-up (timer: bench.timing.TIMERS)."""
     rows, reference, causal_ms = [], {}, {}
     q, k, v, do = random_inputs(batch, heads, seqlen, head_dim, dtype, device)
     for mask_name in (["causal"] if "causal" not in masks else []) + list(masks):
@@ -131,8 +132,9 @@ def mask_rows(impls: list[str], masks: list[str], dtype: torch.dtype, head_dim: 
                     reference[mask_name] = out.detach()
                 elif mask_name in reference:
                     row["max_abs_diff"] = (out.float() - reference[mask_name].float()).abs().max().item()
-                row["fwd_ms"] = bench_ms(lambda: attn(q, k, v), device, warmup_ms, rep_ms)
-                row["fwdbwd_ms"] = bench_ms(lambda: torch.autograd.grad(attn(q, k, v), (q, k, v), do), device, warmup_ms, rep_ms)
+                row["fwd_ms"] = bench_ms(lambda: attn(q, k, v), device, warmup_ms, rep_ms, timer)
+                row["fwdbwd_ms"] = bench_ms(lambda: torch.autograd.grad(attn(q, k, v), (q, k, v), do), device, warmup_ms, rep_ms,
+                                            timer)
 
             _, row["status"] = run_guarded(measure, device, f"{impl} {mask_name} N={seqlen}")
             release_memory(device)

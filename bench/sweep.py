@@ -70,7 +70,8 @@ def tflops(flops: int, ms: float | None) -> float | None:
     return None if ms is None or ms <= 0 else flops / (ms * 1e-3) / 1e12
 
 
-def bench_point(point: Point, attn: AttnFn | None, device: torch.device, warmup_ms: float, rep_ms: float) -> dict[str, Any]:
+def bench_point(point: Point, attn: AttnFn | None, device: torch.device, warmup_ms: float, rep_ms: float,
+                timer: str = "events") -> dict[str, Any]:
     """One result row. Forward first, then forward+backward, so a point whose backward does not
     fit still reports its forward."""
     row: dict[str, Any] = {**dataclasses.asdict(point), **{k: None for k in ROW_KEYS[7:]}}
@@ -82,8 +83,8 @@ def bench_point(point: Point, attn: AttnFn | None, device: torch.device, warmup_
         q, k, v, do = random_inputs(point.batch, point.heads, point.seqlen, point.head_dim, parse_dtype(point.dtype), device)
         forward, forward_backward = step_fns(attn, q, k, v, do, point.causal)
         # bench_ms's first, untimed call compiles/autotunes; memory is read after that, on a warm call
-        row["fwd_ms"] = bench_ms(forward, device, warmup_ms, rep_ms)
-        row["fwdbwd_ms"] = bench_ms(forward_backward, device, warmup_ms, rep_ms)
+        row["fwd_ms"] = bench_ms(forward, device, warmup_ms, rep_ms, timer)
+        row["fwdbwd_ms"] = bench_ms(forward_backward, device, warmup_ms, rep_ms, timer)
         row["peak_mem_mib"] = peak_extra_mib(forward_backward, device)
 
     _, row["status"] = run_guarded(measure, device, point.label())
@@ -112,12 +113,12 @@ def build_impls(names: Iterable[str], device: torch.device) -> dict[str, AttnFn 
 
 def run_sweep(
     points: Iterable[Point], impls: Mapping[str, AttnFn | None], device: torch.device,
-    warmup_ms: float, rep_ms: float, on_row: Callable[[dict[str, Any]], None] | None = None,
+    warmup_ms: float, rep_ms: float, on_row: Callable[[dict[str, Any]], None] | None = None, timer: str = "events",
 ) -> list[dict[str, Any]]:
-    """Measure every point in order; `on_row` sees each row as soon as it exists."""
+    """Measure every point in order (timer: bench.timing.TIMERS); `on_row` sees each row as soon as it exists."""
     rows = []
     for point in points:
-        rows.append(bench_point(point, impls[point.impl], device, warmup_ms, rep_ms))
+        rows.append(bench_point(point, impls[point.impl], device, warmup_ms, rep_ms, timer))
         if on_row is not None:
             on_row(rows[-1])
     return rows

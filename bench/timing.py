@@ -22,12 +22,31 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def bench_ms(fn: Callable[[], Any], device: torch.device, warmup_ms: float = 25, rep_ms: float = 50) -> float:
-    """Median milliseconds of one call of `fn`; the first call is never timed."""
-    if device.type == "cuda":
-        from triton.testing import do_bench
+# How a CUDA call is timed. "events": each call alone between CUDA events after an L2 flush, so
+# the host's launch work is in the number when it is longer than the GPU's (short sequences).
+# "cudagraph": the calls captured in a CUDA graph and replayed, so only GPU time counts, as in a
+# training step whose launches run ahead of the GPU (L2 not flushed between calls).
+TIMERS = {
+    "events": "triton.testing.do_bench (CUDA events, L2 flushed, median)",
+    "cudagraph": "triton.testing.do_bench_cudagraph (calls captured in a CUDA graph and replayed: GPU time, "
+                 "no host launch work; L2 not flushed; median)",
+}
 
+
+def bench_ms(fn: Callable[[], Any], device: torch.device, warmup_ms: float = 25, rep_ms: float = 50,
+             timer: str = "events") -> float:
+    """Median milliseconds of one call of `fn`; the first call is never timed. timer: one of TIMERS
+    on CUDA; the CPU always uses the host clock."""
+    if timer not in TIMERS:
+        raise ValueError(f"timer must be one of {', '.join(map(repr, TIMERS))}, got {timer!r}")
+    if device.type == "cuda":
+        from triton.testing import do_bench, do_bench_cudagraph
+
+        if timer == "cudagraph":
+            return float(do_bench_cudagraph(fn, rep=rep_ms, return_mode="median"))
         return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+    if timer == "cudagraph":
+        raise ValueError("timer='cudagraph' replays CUDA graphs and needs a CUDA device; on the CPU use timer='events'")
     return _host_bench_ms(fn, warmup_ms, rep_ms)
 
 

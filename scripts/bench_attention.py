@@ -35,6 +35,7 @@ from bench.plots import plot_attention_sweep
 from bench.results import default_out, read_results, run_meta, write_results
 from bench.sweep import CONVENTION, build_impls, merge_rows, run_sweep, sweep_points
 from bench.tables import Column, Table
+from bench.timing import TIMERS
 
 SCRIPT = "bench_attention"
 DEFAULTS = dict(seqlens=[512, 1024, 2048, 4096, 8192, 16384, 32768], tokens=16384, heads=16, head_dims=[64, 128],
@@ -75,6 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help=f"result JSON (default {default_out(SCRIPT, 'attention_bench.json')})")
     p.add_argument("--plot-dir", type=Path, help="where the three plots go (default: beside --out)")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--timer", choices=list(TIMERS), default="events",
+                   help="events: each call alone (host launch work counts where it is longer than the GPU's); "
+                        "cudagraph: calls replayed from a CUDA graph (GPU time only; CUDA only)")
     p.add_argument("--interleave", action="store_true",
                    help="time the impls of each shape back to back (default: one impl's whole sweep after another)")
     p.add_argument("--append", action="store_true", help="merge into --out: keep its rows that this run does not re-measure")
@@ -91,12 +95,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
     device = resolve_device(args.device)
+    if args.timer == "cudagraph" and device.type != "cuda":
+        raise SystemExit("--timer cudagraph replays CUDA graphs: it needs a CUDA device (on the CPU leave the default, events)")
     if args.masks is not None:
         return main_masks(args, device)
     impl_names = args.impls or default_impls(device)
     points = sweep_points(impl_names, args.dtypes, args.head_dims, CAUSAL_CHOICES[args.causal], args.seqlens, args.tokens,
                           args.heads, interleave=args.interleave)
     meta = run_meta(device, CONVENTION)
+    meta["timer"] = _timer_note(device, args.timer, meta["timer"])
     meta["order"] = "interleaved: the impls of each shape back to back" if args.interleave else "one impl's sweep after another"
     old_rows: list[dict[str, Any]] = []
     if args.append and args.out.exists():
@@ -118,7 +125,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         last = now
         write_results(args.out, meta, merge_rows(old_rows, new_rows))
 
-    run_sweep(points, impls, device, args.warmup_ms, args.rep_ms, on_row)
+    run_sweep(points, impls, device, args.warmup_ms, args.rep_ms, on_row, timer=args.timer)
     rows = merge_rows(old_rows, new_rows)
     write_results(args.out, meta, rows)
     print("\n" + TABLE.render(rows), flush=True)
@@ -129,18 +136,24 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     return rows
 
 
+def _timer_note(device, timer: str, host_note: str) -> str:
+    """meta.timer: the CUDA timer used (bench.timing.TIMERS), or the CPU's host clock."""
+    return TIMERS[timer] if device.type == "cuda" else host_note
+
+
 def main_masks(args: argparse.Namespace, device) -> list[dict[str, Any]]:
     """The mask rows: every mask × impl at each dtype, head dim and seqlen (batch = tokens // seqlen)."""
     masks = args.masks or (QUICK_MASKS if args.quick else list(DEFAULT_MASKS))
     max_files = args.corpus_max_files or (QUICK_CORPUS_FILES if args.quick else None)
     corpus = lambda batch, seqlen: corpus_document_ids(batch, seqlen, args.cache_dir, max_files)  # noqa: E731
     meta = run_meta(device, f"mask rows: {MASK_ROW_KEYS}; bench/masks.py")
+    meta["timer"] = _timer_note(device, args.timer, meta["timer"])
     rows: list[dict[str, Any]] = []
     for dtype in args.dtypes:
         for head_dim in args.head_dims:
             for seqlen in sorted(args.seqlens):
                 rows += mask_rows(args.mask_impls, masks, parse_dtype(dtype), head_dim, seqlen, max(1, args.tokens // seqlen),
-                                  args.heads, device, corpus, args.warmup_ms, args.rep_ms)
+                                  args.heads, device, corpus, args.warmup_ms, args.rep_ms, args.timer)
                 print(MASK_TABLE.render(rows[-len(masks) * len(args.mask_impls):]), flush=True)
     previous = read_results(args.out)["rows"] if args.append and args.out.exists() else []
     write_results(args.out, meta, previous, mask_rows=rows)

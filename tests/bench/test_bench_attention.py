@@ -64,3 +64,10 @@ def test_mask_rows_on_cpu(tmp_path):
     for r in rows:
         if r["impl"] != "flash":
             assert r["max_abs_diff"] is not None and r["max_abs_diff"] < 0.02, r  # bf16 outputs of the same mask
+
+
+def test_cudagraph_timer_needs_cuda():
+    with pytest.raises(SystemExit, match="needs a CUDA device"):
+        bench_attention.main(["--device", "cpu", "--quick", "--impls", "naive", "--timer", "cudagraph", "--no-plots"])
+    with pytest.raises(SystemExit):
+        bench_attention.parse_args(["--timer", "wallclock"])

@@ -57,6 +57,13 @@ def test_sweep_points_interleaved_put_the_impls_of_a_shape_together():
         ("flash", 64, 1024), ("sdpa_cudnn", 64, 1024), ("flash", 64, 8192), ("sdpa_cudnn", 64, 8192)]
 
 
+def test_the_timer_reaches_every_measurement(monkeypatch):
+    timers = []
+    monkeypatch.setattr(sweep, "bench_ms", lambda fn, device, warmup_ms, rep_ms, timer: timers.append(timer) or 1.0)
+    rows = sweep.run_sweep([_tiny("naive")], {"naive": make_impl("naive")}, CPU, 0.1, 0.5, timer="cudagraph")
+    assert timers == ["cudagraph"] * 2 and rows[0]["fwdbwd_ms"] == 1.0  # forward, forward+backward
+
+
 def test_point_is_a_row_prefix():
     assert tuple(f.name for f in dataclasses.fields(sweep.Point)) == sweep.POINT_KEYS
 

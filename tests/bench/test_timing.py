@@ -2,6 +2,7 @@
 
 import time
 
+import pytest
 import torch
 
 from bench.timing import bench_ms, peak_extra_mib
@@ -24,3 +25,10 @@ def test_host_bench_reports_the_median_of_the_call():
 def test_no_memory_statistics_on_cpu():
     calls = []
     assert peak_extra_mib(lambda: calls.append(1), CPU) is None and calls == [1]
+
+
+def test_unknown_or_cuda_only_timers_are_refused_on_cpu():
+    with pytest.raises(ValueError, match="timer must be one of"):
+        bench_ms(lambda: None, CPU, timer="wallclock")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        bench_ms(lambda: None, CPU, timer="cudagraph")
