@@ -7,10 +7,10 @@ import io
 import json
 import pstats
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
+import wall
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kernels.flash_attn import check_inputs, check_masks, flash_attention, launch
@@ -20,14 +20,7 @@ res = {}
 
 
 def wall_us(fn, n=300):
-    for _ in range(30):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return round((time.perf_counter() - t) / n * 1e6, 1)
+    return wall.wall_us(fn, n, warmup=30)
 
 
 for shape in ((1, 1, 128, 64), (1, 1, 128, 128), (16, 16, 1024, 64)):

@@ -5,9 +5,9 @@ descriptor builds
 a CUDA allocation."""
 import json
 import sys
-import time
 
 import torch
+import wall
 from triton import knobs
 from triton.experimental.gluon import language as gl
 
@@ -18,14 +18,7 @@ res = {}
 
 
 def us(fn, n=2000):
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return round((time.perf_counter() - t) / n * 1e6, 2)
+    return wall.wall_us(fn, n, warmup=50, digits=2)
 
 
 def capture(module, name):
