@@ -58,7 +58,7 @@ def sweep_points(
     compile-heavy flex, last by default, cannot hold up the others), each walking up in seqlen
     (its OOM frontier reads top to bottom in the printed table). interleave: the implementations
     of each shape back to back instead, so the ratios between them are measured seconds apart
-    rather than a whole sweep apart (the GPU's clocks drift with its temperature over a sweep)."""
+    rather than a whole sweep apart (a machine's speed can drift over that time)."""
     shapes = [(dtype_name(parse_dtype(dt)), d, causal, n)
               for dt in dtypes for d in head_dims for causal in causals for n in sorted(seqlens)]
     order = [(impl, shape) for shape in shapes for impl in impls] if interleave else \
