@@ -51,9 +51,12 @@ def git_rev() -> str:
         return "unknown"
 
 
-def run_meta(device: torch.device, convention: str, **extra: Any) -> dict[str, Any]:
-    """What every result file carries: machine, library versions, date, git revision, conventions."""
+def run_meta(device: torch.device, convention: str, timer: str | None = "events", **extra: Any) -> dict[str, Any]:
+    """What every result file carries: machine, library versions, date, git revision, conventions,
+    and how times were taken (timer: one of bench.timing.TIMERS on CUDA; None: nothing is timed)."""
     import triton
+
+    from bench.timing import TIMERS
 
     return {
         "gpu": device_name(device),
@@ -62,7 +65,7 @@ def run_meta(device: torch.device, convention: str, **extra: Any) -> dict[str, A
         "cuda": torch.version.cuda,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "git_rev": git_rev(),
-        "timer": "triton.testing.do_bench (CUDA events, median)" if device.type == "cuda" else "host perf_counter (median; CPU smoke run)",
+        "timer": None if timer is None else TIMERS[timer] if device.type == "cuda" else "host perf_counter (median; CPU smoke run)",
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "convention": convention,
         **extra,

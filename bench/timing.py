@@ -1,7 +1,8 @@
 """Timing and memory, measured the same way by every script.
 
-- CUDA: `triton.testing.do_bench` (CUDA events, L2 flushed before each call, median); its first,
-  untimed call compiles and autotunes outside the number.
+- CUDA: `triton.testing.do_bench` (CUDA events, L2 flushed before each call, median), or with
+  timer="cudagraph" `do_bench_cudagraph` (the calls replayed from a CUDA graph: GPU time only);
+  the first, untimed call compiles and autotunes outside the number.
 - CPU (smoke runs only): a host timer around the same calls, median.
 - Peak memory: `reset_peak_memory_stats`, then `max_memory_allocated` minus what was allocated
   before the call (the inputs), so the number is what the call itself adds.

@@ -102,8 +102,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     impl_names = args.impls or default_impls(device)
     points = sweep_points(impl_names, args.dtypes, args.head_dims, CAUSAL_CHOICES[args.causal], args.seqlens, args.tokens,
                           args.heads, interleave=args.interleave)
-    meta = run_meta(device, CONVENTION)
-    meta["timer"] = _timer_note(device, args.timer, meta["timer"])
+    meta = run_meta(device, CONVENTION, timer=args.timer)
     meta["order"] = "interleaved: the impls of each shape back to back" if args.interleave else "one impl's sweep after another"
     old_rows: list[dict[str, Any]] = []
     if args.append and args.out.exists():
@@ -136,18 +135,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     return rows
 
 
-def _timer_note(device, timer: str, host_note: str) -> str:
-    """meta.timer: the CUDA timer used (bench.timing.TIMERS), or the CPU's host clock."""
-    return TIMERS[timer] if device.type == "cuda" else host_note
-
-
 def main_masks(args: argparse.Namespace, device) -> list[dict[str, Any]]:
     """The mask rows: every mask × impl at each dtype, head dim and seqlen (batch = tokens // seqlen)."""
     masks = args.masks or (QUICK_MASKS if args.quick else list(DEFAULT_MASKS))
     max_files = args.corpus_max_files or (QUICK_CORPUS_FILES if args.quick else None)
     corpus = lambda batch, seqlen: corpus_document_ids(batch, seqlen, args.cache_dir, max_files)  # noqa: E731
-    meta = run_meta(device, f"mask rows: {MASK_ROW_KEYS}; bench/masks.py")
-    meta["timer"] = _timer_note(device, args.timer, meta["timer"])
+    meta = run_meta(device, f"mask rows: {MASK_ROW_KEYS}; bench/masks.py", timer=args.timer)
     rows: list[dict[str, Any]] = []
     for dtype in args.dtypes:
         for head_dim in args.head_dims:
