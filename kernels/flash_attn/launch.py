@@ -13,6 +13,7 @@ import os
 import torch
 import triton
 
+from kernels.flash_attn import fast_launch
 from kernels.flash_attn.backward import bwd_dq_kernel, bwd_kv_kernel, bwd_preprocess_kernel
 from kernels.flash_attn.forward import fwd_kernel
 from kernels.flash_attn.masks import KernelMask, resolve
@@ -273,7 +274,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     mask = resolve(causal, window_size, document_ids, seqlen_q, seqlen_k)
     cfg = config or kernel_config("fwd", consts["BLOCK_D"], q.dtype, mask.causal, mask.documents is not None)
     grid = (_cdiv(seqlen_q, cfg.BLOCK_M), heads_q, batch)
-    fwd_kernel[grid](
+    fast_launch.launch(fwd_kernel, grid,
         q, k, v, o, lse2, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E.value,
         **mask.kernel_args(cfg.BLOCK_M, cfg.BLOCK_N, tile_counter), **cfg.launch_kwargs(k, v), **consts,
@@ -286,7 +287,7 @@ def backward_delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
     batch, heads_q, seqlen_q, head_dim = o.shape
     delta = torch.empty((batch, heads_q, seqlen_q), device=o.device, dtype=torch.float32)
     block_m = 64
-    bwd_preprocess_kernel[(_cdiv(seqlen_q, block_m), heads_q, batch)](
+    fast_launch.launch(bwd_preprocess_kernel, (_cdiv(seqlen_q, block_m), heads_q, batch),
         o, do, delta, *o.stride(), *do.stride(), heads_q, seqlen_q,
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=block_m,
     )
@@ -304,7 +305,7 @@ def _launch_key_blocks(do, q, k, v, lse2, delta, mask: KernelMask, scale: float,
     tma_dq = dq_acc is not None and tma_reduce_ok(cfg, dq_acc)
     if tma_dq:
         _ensure_allocator()  # the dQ descriptor is built on the device, in Triton's workspace
-    bwd_kv_kernel[(_cdiv(seqlen_k, cfg.BLOCK_N), heads_kv, batch)](
+    fast_launch.launch(bwd_kv_kernel, (_cdiv(seqlen_k, cfg.BLOCK_N), heads_kv, batch),
         q, k, v, do, lse2, delta, dk, dv, dq_args[0],
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *dq_args[1:],
         heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E.value, scale,
@@ -336,7 +337,7 @@ def backward_dq(do, q, k, v, o, lse2, causal: bool, scale: float, config: Kernel
     cfg = config or kernel_config("bwd_dq", consts["BLOCK_D"], q.dtype, mask.causal, mask.documents is not None)
     dq = torch.empty_like(q)
     delta = torch.empty((batch, heads_q, seqlen_q), device=q.device, dtype=torch.float32)
-    bwd_dq_kernel[(_cdiv(seqlen_q, cfg.BLOCK_M), heads_q, batch)](
+    fast_launch.launch(bwd_dq_kernel, (_cdiv(seqlen_q, cfg.BLOCK_M), heads_q, batch),
         q, k, v, o, do, lse2, delta, dq,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *do.stride(), *dq.stride(),
         heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * LOG2E.value, scale,

@@ -15,7 +15,7 @@ import itertools
 
 import pytest
 import torch
-from _attention_checks import check_against_reference, launch_table_changed, make_qkv
+from _attention_checks import assert_within_rule, check_against_reference, launch_table_changed, make_qkv
 
 pytestmark = [
     pytest.mark.gpu,
@@ -86,3 +86,38 @@ def test_masks_on_gpu(head_dim, seqlen_q, seqlen_k, heads, dtype, causal, window
     with launch_table_changed(lambda name, config: dict(TMA=False) if tma == "off" else {}):
         for schedule in ("two_pass", "fused"):
             check_against_reference(q, k, v, causal, schedule=schedule, window_size=window, document_ids=ids)
+
+
+def test_compiled_kernels_are_reused_exactly():
+    # kernels/flash_attn/fast_launch.py: the first call of a shape binds through Triton, the next ones
+    # launch the compiled kernels directly; both must pass the exactness rule, and a misaligned view
+    # must get a kernel of its own (Triton specialises on 16-byte alignment)
+    import triton
+
+    from kernels.flash_attn import fast_launch, launch
+    from kernels.reference import attention_reference
+
+    if not fast_launch.enabled():
+        pytest.skip(f"fast_launch is off here (triton {triton.__version__}, checked: {fast_launch.CHECKED_TRITON})")
+    kernels = (launch.fwd_kernel, launch.bwd_dq_kernel, launch.bwd_kv_kernel)
+    for causal in (False, True):
+        sizes = []
+        for _ in range(2):
+            q, k, v = make_qkv(2, 4, 2, 200, 333, 64, torch.bfloat16)
+            check_against_reference(q, k, v, causal)  # the two-pass backward: forward, dQ and dK/dV kernels
+            sizes.append([len(fast_launch._COMPILED[kern, torch.cuda.current_device()].by_key) for kern in kernels])
+        assert sizes[0] == sizes[1] and min(sizes[1]) >= 1  # the second round found every key
+    # check_against_reference copies its inputs into fresh (aligned) leaves, so the misaligned view
+    # goes to the launcher directly: it must get a kernel of its own and still be exact
+    flat = torch.randn(1 + 2 * 4 * 200 * 64, device="cuda", dtype=torch.bfloat16)
+    q = flat[1:].view(2, 4, 200, 64)  # 2 bytes past an aligned address
+    assert q.data_ptr() % 16 != 0
+    _, k, v = make_qkv(2, 4, 2, 200, 333, 64, torch.bfloat16, requires_grad=False)
+    out = launch.forward(q, k, v, True, 64 ** -0.5)[0]
+    launch.forward(q.clone(), k, v, True, 64 ** -0.5)  # and an aligned copy, for the kernel it gets
+    assert_within_rule("O", out, attention_reference(q, k, v, True), attention_reference(q, k, v, True, dtype=None), 2.0)
+    by_key = fast_launch._COMPILED[launch.fwd_kernel, torch.cuda.current_device()].by_key
+    kernels_by_alignment = {}  # q's 16-byte alignment -> the compiled kernels launched for it
+    for (_, spec, _), kernel in by_key.items():
+        kernels_by_alignment.setdefault(spec[0][1], set()).add(id(kernel))
+    assert set(kernels_by_alignment) == {True, False} and not kernels_by_alignment[True] & kernels_by_alignment[False]
