@@ -22,12 +22,26 @@ CHECKED_TRITON = ("3.6.",)
 MAX_KEYS = 256  # per kernel: a process's shapes; past it, new keys take Triton's path (no unbounded growth)
 
 
+_SWITCHED_ON = True  # set_enabled(False): every launch through Triton's binding (for A/B timings, experiments/host_time)
+
+
 @functools.cache
-def enabled() -> bool:
-    """Whether `launch` may reuse compiled kernels (a checked triton, not the interpreter; fixed at import)."""
+def supported() -> bool:
+    """Whether this process can reuse compiled kernels: a checked triton, not the interpreter (fixed at import)."""
     from kernels.flash_attn.launch import interpreting  # launch imports this module: no cycle at import
 
     return triton.__version__.startswith(CHECKED_TRITON) and not interpreting()
+
+
+def enabled() -> bool:
+    """Whether `launch` reuses compiled kernels now: supported() and not switched off."""
+    return _SWITCHED_ON and supported()
+
+
+def set_enabled(on: bool) -> None:
+    """Switch the reuse on or off for the whole process (off: Triton's own path, as before this module)."""
+    global _SWITCHED_ON
+    _SWITCHED_ON = bool(on)
 
 
 class _Compiled:
@@ -38,14 +52,19 @@ class _Compiled:
         self.defaults = [p.default for p in kernel.params]
         self.by_key: dict[tuple, Any] = {}
         self.positions: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # types -> tensor, float indices
+        self.plans: dict[tuple, tuple[list, list]] = {}  # (len(args), *keywords) -> (the rest's names, defaults), options
 
     def arguments(self, args: tuple, kwargs: dict) -> tuple[list, tuple]:
         """Every parameter's value in signature order (keywords or defaults after the positional
-        ones, as Triton's binder fills them), and the other keywords, the launch options, sorted."""
-        values = list(args)
-        for name, default in zip(self.names[len(args):], self.defaults[len(args):]):
-            values.append(kwargs.get(name, default))
-        return values, tuple(sorted((k, v) for k, v in kwargs.items() if k not in self.names))
+        ones, as Triton's binder fills them), and the other keywords, the launch options, sorted.
+        How to fill them is worked out once per (number of positional arguments, keywords' names)."""
+        shape = (len(args), *kwargs)
+        plan = self.plans.get(shape)
+        if plan is None:
+            tail = list(zip(self.names[len(args):], self.defaults[len(args):]))
+            plan = self.plans[shape] = tail, sorted(k for k in kwargs if k not in self.names)
+        tail, options = plan
+        return [*args, *[kwargs.get(name, default) for name, default in tail]], tuple([(k, kwargs[k]) for k in options])
 
     def key(self, values: list, options: tuple) -> tuple:
         """The arguments' types, then their values with each tensor as (dtype, 16-byte aligned) and

@@ -36,7 +36,7 @@ class FakeKernel:
 
 @pytest.fixture
 def kernel(monkeypatch):
-    monkeypatch.setattr(fast_launch, "enabled", lambda: True)
+    monkeypatch.setattr(fast_launch, "supported", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # the CPU suite has no CUDA device to ask
     k = FakeKernel()
     yield k
@@ -56,6 +56,14 @@ def test_a_repeated_key_reuses_the_compiled_kernel_with_every_argument_in_order(
     assert kernel.log[1][2] == (x, 16, 0.25, 64, False)  # the default filled in, the option left out
 
 
+def test_keywords_in_any_order_land_in_signature_order(kernel):
+    x = torch.zeros(8)
+    for flag in (True, True, False):  # the second call reuses the first's plan and kernel
+        fast_launch.launch(kernel, (1,), x, 16, 0.5, FLAG=flag, num_warps=4, BLOCK=64)
+    assert paths(kernel) == ["triton", "compiled", "triton"]
+    assert kernel.log[1][2] == (x, 16, 0.5, 64, True)
+
+
 @pytest.mark.parametrize("change", ["int", "dtype", "alignment", "constexpr", "option", "bool_for_int"])
 def test_what_triton_specialises_on_makes_a_new_key(kernel, change):
     x = torch.zeros(64)
@@ -69,8 +77,19 @@ def test_what_triton_specialises_on_makes_a_new_key(kernel, change):
     assert paths(kernel) == ["triton", "triton"]
 
 
-def test_off_means_every_call_goes_through_triton(kernel, monkeypatch):
-    monkeypatch.setattr(fast_launch, "enabled", lambda: False)
+def test_switched_off_every_call_goes_through_triton_until_switched_on(kernel, monkeypatch):
+    monkeypatch.setattr(fast_launch, "_SWITCHED_ON", True)  # restored after the test
+    fast_launch.set_enabled(False)
+    for _ in range(2):
+        fast_launch.launch(kernel, (1,), torch.zeros(4), 1, 1.0, BLOCK=16)
+    fast_launch.set_enabled(True)
+    for _ in range(2):
+        fast_launch.launch(kernel, (1,), torch.zeros(4), 1, 1.0, BLOCK=16)
+    assert paths(kernel) == ["triton", "triton", "triton", "compiled"]
+
+
+def test_unsupported_means_every_call_goes_through_triton(kernel, monkeypatch):
+    monkeypatch.setattr(fast_launch, "supported", lambda: False)
     for _ in range(2):
         fast_launch.launch(kernel, (1,), torch.zeros(4), 1, 1.0, BLOCK=16)
     assert paths(kernel) == ["triton", "triton"]
@@ -88,4 +107,4 @@ def test_off_in_the_interpreter():
 
     if not interpreting():
         pytest.skip("the CPU suite runs the interpreter; on a GPU the GPU tests cover the reuse")
-    assert not fast_launch.enabled()
+    assert not fast_launch.supported() and not fast_launch.enabled()
