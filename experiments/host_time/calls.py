@@ -1,5 +1,6 @@
 """Host time of our attention, piece by piece (wall µs per call, mean of N calls after warm-up, one
-sync at the end), at a tiny shape (GPU time negligible: wall = host) and at 16x16x1024x64 causal;
+sync at the end), at a tiny shape (GPU time negligible: wall = host) and at 16x16x1024x64 causal,
+the `tl` launches with fast_launch on (the default) and off, in the same process;
 and a cProfile of the default fwd+bwd with autograd single-threaded (so the backward's Python runs
 on the profiled thread)."""
 import cProfile
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 import wall
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from kernels.flash_attn import check_inputs, check_masks, flash_attention, launch
+from kernels.flash_attn import check_inputs, check_masks, fast_launch, flash_attention, launch
 
 out = sys.argv[1]
 res = {}
@@ -42,6 +43,16 @@ for shape in ((1, 1, 128, 64), (1, 1, 128, 128), (16, 16, 1024, 64)):
     torch.autograd.set_multithreading_enabled(False)
     r["flash fwd+bwd single-thread autograd"] = wall_us(fb)
     torch.autograd.set_multithreading_enabled(True)
+
+    # the same calls with every `tl` launch through Triton's own binding (kernels/flash_attn/fast_launch.py off)
+    fast_launch.set_enabled(False)
+    r["launch.forward tl, fast_launch off"] = wall_us(lambda: launch.forward(q, k, v, True, scale, kernel="tl"))
+    r["launch.backward two_pass, fast_launch off"] = wall_us(lambda: launch.backward(do, q, k, v, o, lse2, True, scale, "two_pass"))
+    r["flash fwd+bwd, fast_launch off"] = wall_us(fb)
+    torch.autograd.set_multithreading_enabled(False)
+    r["flash fwd+bwd single-thread autograd, fast_launch off"] = wall_us(fb)
+    torch.autograd.set_multithreading_enabled(True)
+    fast_launch.set_enabled(True)
 
     def cudnn():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
