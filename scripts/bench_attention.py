@@ -9,6 +9,7 @@ every attention implementation over seqlen × causal × head_dim × dtype.
     python scripts/bench_attention.py --out docs/results/attention_bench.json --plot-dir docs   # update the committed results
     python scripts/bench_attention.py --masks --seqlens 8192 32768 --dtypes bf16 --head-dims 64   # mask rows (bench/masks.py)
     python scripts/bench_attention.py --masks --device cpu --quick   # mask rows' smoke run (flex eager on CPU)
+    python scripts/bench_attention.py --seqlens 1024 2048 --autograd-thread caller   # short calls without autograd's thread hand-offs
 
 Writes outputs/bench/<date>/bench_attention/attention_bench.json ({"meta", "rows"}; rewritten
 after every point, so an interrupted sweep keeps what it measured) and three plots beside it.
@@ -24,9 +25,12 @@ JSON's "mask_rows" (its "rows" are kept).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from bench.cli import CAUSAL_CHOICES, fill_defaults, parse_dtype, resolve_device
 from bench.impls import IMPL_NAMES, default_impls
@@ -36,6 +40,13 @@ from bench.results import default_out, read_results, run_meta, write_results
 from bench.sweep import CONVENTION, build_impls, merge_rows, run_sweep, sweep_points
 from bench.tables import Column, Table
 from bench.timing import TIMERS
+
+# where autograd runs each backward: PyTorch's default hands it to a worker thread per device and
+# back (two thread wake-ups per call, which a short call's per-call time includes), or the caller
+AUTOGRAD_THREADS = {
+    "device": "autograd's per-device worker thread (PyTorch's default)",
+    "caller": "the calling thread (torch.autograd.set_multithreading_enabled(False))",
+}
 
 SCRIPT = "bench_attention"
 DEFAULTS = dict(seqlens=[512, 1024, 2048, 4096, 8192, 16384, 32768], tokens=16384, heads=16, head_dims=[64, 128],
@@ -79,6 +90,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timer", choices=list(TIMERS), default="events",
                    help="events: each call alone (host launch work counts where it is longer than the GPU's); "
                         "cudagraph: calls replayed from a CUDA graph (GPU time only; CUDA only)")
+    p.add_argument("--autograd-thread", choices=list(AUTOGRAD_THREADS), default="device",
+                   help="device: backward on autograd's worker thread, PyTorch's default; caller: on the calling thread, "
+                        "without the two thread hand-offs per call that per-call times at N <= 2048 include")
     p.add_argument("--interleave", action="store_true",
                    help="time the impls of each shape back to back (default: one impl's whole sweep after another)")
     p.add_argument("--append", action="store_true", help="merge into --out: keep its rows that this run does not re-measure")
@@ -97,12 +111,20 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     device = resolve_device(args.device)
     if args.timer == "cudagraph" and device.type != "cuda":
         raise SystemExit("--timer cudagraph replays CUDA graphs: it needs a CUDA device (on the CPU leave the default, events)")
-    if args.masks is not None:
-        return main_masks(args, device)
+    # set_multithreading_enabled is thread-local and restores the previous setting on exit
+    threads = torch.autograd.set_multithreading_enabled(False) if args.autograd_thread == "caller" else contextlib.nullcontext()
+    with threads:
+        if args.masks is not None:
+            return main_masks(args, device)
+        return main_sweep(args, device)
+
+
+def main_sweep(args: argparse.Namespace, device) -> list[dict[str, Any]]:
+    """The dense sweep: every impl × dtype × head dim × causal × seqlen."""
     impl_names = args.impls or default_impls(device)
     points = sweep_points(impl_names, args.dtypes, args.head_dims, CAUSAL_CHOICES[args.causal], args.seqlens, args.tokens,
                           args.heads, interleave=args.interleave)
-    meta = run_meta(device, CONVENTION, timer=args.timer)
+    meta = run_meta(device, CONVENTION, timer=args.timer, autograd_thread=AUTOGRAD_THREADS[args.autograd_thread])
     meta["order"] = "interleaved: the impls of each shape back to back" if args.interleave else "one impl's sweep after another"
     old_rows: list[dict[str, Any]] = []
     if args.append and args.out.exists():
@@ -140,7 +162,8 @@ def main_masks(args: argparse.Namespace, device) -> list[dict[str, Any]]:
     masks = args.masks or (QUICK_MASKS if args.quick else list(DEFAULT_MASKS))
     max_files = args.corpus_max_files or (QUICK_CORPUS_FILES if args.quick else None)
     corpus = lambda batch, seqlen: corpus_document_ids(batch, seqlen, args.cache_dir, max_files)  # noqa: E731
-    meta = run_meta(device, f"mask rows: {MASK_ROW_KEYS}; bench/masks.py", timer=args.timer)
+    meta = run_meta(device, f"mask rows: {MASK_ROW_KEYS}; bench/masks.py", timer=args.timer,
+                    autograd_thread=AUTOGRAD_THREADS[args.autograd_thread])
     rows: list[dict[str, Any]] = []
     for dtype in args.dtypes:
         for head_dim in args.head_dims:

@@ -1,6 +1,7 @@
 """scripts/bench_attention.py: the command line (a smoke run on CPU, --append, bad flags)."""
 
 import pytest
+import torch
 
 from bench.results import read_results
 from bench.sweep import ROW_KEYS
@@ -71,3 +72,23 @@ def test_cudagraph_timer_needs_cuda():
         bench_attention.main(["--device", "cpu", "--quick", "--impls", "naive", "--timer", "cudagraph", "--no-plots"])
     with pytest.raises(SystemExit):
         bench_attention.parse_args(["--timer", "wallclock"])
+
+
+def test_autograd_thread_caller_runs_backwards_on_the_calling_thread_and_restores_the_setting(tmp_path, monkeypatch):
+    seen = []
+    original = bench_attention.run_sweep
+
+    def spy(*args, **kwargs):  # the setting (thread-local) as the sweep sees it
+        seen.append(torch._C._is_multithreading_enabled())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(bench_attention, "run_sweep", spy)
+    before = torch._C._is_multithreading_enabled()
+    out = tmp_path / "bench.json"
+    bench_attention.main(["--device", "cpu", "--quick", "--impls", "naive", "--seqlens", "32", "--no-plots",
+                          "--autograd-thread", "caller", "--out", str(out)])
+    assert seen == [False] and torch._C._is_multithreading_enabled() == before
+    assert read_results(out)["meta"]["autograd_thread"] == bench_attention.AUTOGRAD_THREADS["caller"]
+    bench_attention.main(["--device", "cpu", "--quick", "--impls", "naive", "--seqlens", "32", "--no-plots", "--out", str(out)])
+    assert seen == [False, before]
+    assert read_results(out)["meta"]["autograd_thread"] == bench_attention.AUTOGRAD_THREADS["device"]
