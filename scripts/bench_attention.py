@@ -25,7 +25,6 @@ JSON's "mask_rows" (its "rows" are kept).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -111,9 +110,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     device = resolve_device(args.device)
     if args.timer == "cudagraph" and device.type != "cuda":
         raise SystemExit("--timer cudagraph replays CUDA graphs: it needs a CUDA device (on the CPU leave the default, events)")
-    # set_multithreading_enabled is thread-local and restores the previous setting on exit
-    threads = torch.autograd.set_multithreading_enabled(False) if args.autograd_thread == "caller" else contextlib.nullcontext()
-    with threads:
+    # thread-local, and the previous setting comes back on exit
+    with torch.autograd.set_multithreading_enabled(args.autograd_thread == "device"):
         if args.masks is not None:
             return main_masks(args, device)
         return main_sweep(args, device)

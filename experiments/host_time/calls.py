@@ -24,6 +24,13 @@ def wall_us(fn, n=300):
     return wall.wall_us(fn, n, warmup=30)
 
 
+def multi_and_single(r, label, fn, suffix=""):
+    """fn timed with autograd multi-threaded (its default: the backward on its device thread) and single-threaded."""
+    r[label + suffix] = wall_us(fn)
+    with torch.autograd.set_multithreading_enabled(False):
+        r[f"{label} single-thread autograd{suffix}"] = wall_us(fn)
+
+
 for shape in ((1, 1, 128, 64), (1, 1, 128, 128), (16, 16, 1024, 64)):
     name = "x".join(map(str, shape))
     q, k, v = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -39,28 +46,19 @@ for shape in ((1, 1, 128, 64), (1, 1, 128, 128), (16, 16, 1024, 64)):
     r["backward_delta"] = wall_us(lambda: launch.backward_delta(o, do))
     r["flash fwd only (requires grad)"] = wall_us(lambda: flash_attention(q, k, v, causal=True))
     fb = lambda: torch.autograd.grad(flash_attention(q, k, v, causal=True), (q, k, v), do)
-    r["flash fwd+bwd"] = wall_us(fb)
-    torch.autograd.set_multithreading_enabled(False)
-    r["flash fwd+bwd single-thread autograd"] = wall_us(fb)
-    torch.autograd.set_multithreading_enabled(True)
+    multi_and_single(r, "flash fwd+bwd", fb)
 
     # the same calls with every `tl` launch through Triton's own binding (kernels/flash_attn/fast_launch.py off)
     fast_launch.set_enabled(False)
     r["launch.forward tl, fast_launch off"] = wall_us(lambda: launch.forward(q, k, v, True, scale, kernel="tl"))
     r["launch.backward two_pass, fast_launch off"] = wall_us(lambda: launch.backward(do, q, k, v, o, lse2, True, scale, "two_pass"))
-    r["flash fwd+bwd, fast_launch off"] = wall_us(fb)
-    torch.autograd.set_multithreading_enabled(False)
-    r["flash fwd+bwd single-thread autograd, fast_launch off"] = wall_us(fb)
-    torch.autograd.set_multithreading_enabled(True)
+    multi_and_single(r, "flash fwd+bwd", fb, ", fast_launch off")
     fast_launch.set_enabled(True)
 
     def cudnn():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), do)
-    r["cudnn fwd+bwd"] = wall_us(cudnn)
-    torch.autograd.set_multithreading_enabled(False)
-    r["cudnn fwd+bwd single-thread autograd"] = wall_us(cudnn)
-    torch.autograd.set_multithreading_enabled(True)
+    multi_and_single(r, "cudnn fwd+bwd", cudnn)
     res[name] = r
     print(name, json.dumps(r, indent=1), flush=True)
     if shape == (1, 1, 128, 64):
