@@ -2,12 +2,16 @@
 rule (docs/DESIGN.md), causal and full, float32 and bfloat16, GQA; the zigzag split and its steps.
 
 On the CPU the ranks are gloo processes started by torchrun's agent and our kernel runs in the
-Triton interpreter (launches marked slow). PyTorch's context parallel (the sdpa path) rings only its
+Triton interpreter (launches marked slow). The ring's steps also run in one process, the ranks as
+threads passing blocks through queues: on one GPU that checks the ring over the kernels it runs there
+(the Gluon forward and backward from 2048 / 4096 keys) without a second GPU. PyTorch's context parallel (the sdpa path) rings only its
 CUDA SDPA kernels, so on the CPU it is checked for the split it makes (the same tokens per rank as
 ours); its attention is checked against one-process SDPA on two GPUs (marked gpu).
 """
 
 import os
+import queue
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -18,7 +22,7 @@ from _attention_checks import assert_within_rule, float64, make_qkv, run_fwd_bwd
 from _torchrun import run_on_ranks
 
 from kernels.reference import attention_backward_reference, attention_reference, causal_mask
-from kernels.ring import _step_block, ring_flash_attention, zigzag_indices
+from kernels.ring import _backward, _forward, _step_block, ring_flash_attention, zigzag_indices
 from training.distributed import record_failure
 
 SEQ = 24  # 2·cp chunks of 6 (cp=2) or 3 (cp=4) tokens
@@ -164,3 +168,81 @@ def test_ring_and_pytorch_context_parallel_match_one_process_attention_on_two_gp
             q, k, v, do = (torch.cat([t, t[:, :, : FULL_SEQ_SDPA - SEQ]], dim=2) for t in (q, k, v, do))
         got = _assemble([returned[r][2][i] for r in range(2)], zigzag if causal else contiguous)
         _check(f"sdpa {case_ids((causal, q.dtype))}", got, causal, q, k, v, do)
+
+
+class _ThreadRing:
+    """kernels.ring._Ring for ranks that are threads of one process. One thread runs at a time (it
+    holds `baton`, given up only while waiting for a block), so the kernels never run concurrently:
+    the CPU interpreter and Triton's compile caches are not thread-safe."""
+
+    def __init__(self, rank: int, size: int, mailboxes: list[queue.Queue], baton: threading.Lock) -> None:
+        self.rank, self.size, self.mailboxes, self.baton = rank, size, mailboxes, baton
+
+    def pass_on(self, *tensors: torch.Tensor) -> tuple[list[torch.Tensor], list]:
+        self.mailboxes[(self.rank + 1) % self.size].put([t.clone() for t in tensors])
+        received = [torch.empty_like(t) for t in tensors]
+        return received, [SimpleNamespace(wait=lambda: self._arrive(received))]
+
+    def _arrive(self, received: list[torch.Tensor]) -> None:
+        self.baton.release()
+        try:
+            sent = self.mailboxes[self.rank].get(timeout=600)
+        finally:
+            self.baton.acquire()
+        if sent is None:
+            raise RuntimeError("another rank failed")
+        for buffer, tensor in zip(received, sent):
+            buffer.copy_(tensor)
+
+
+def _ring_in_threads(cp: int, causal: bool, q, k, v, do) -> list[torch.Tensor]:
+    """Whole-sequence out, dq, dk, dv of the ring's forward and backward run by cp threads."""
+    mailboxes, baton = [queue.Queue() for _ in range(cp)], threading.Lock()
+    layout = [zigzag_indices(q.shape[2], cp, r).to(q.device) for r in range(cp)]
+    per_rank, errors = [None] * cp, []
+
+    def rank_main(rank: int) -> None:
+        with baton:
+            try:
+                ring = _ThreadRing(rank, cp, mailboxes, baton)
+                mine = [t[:, :, layout[rank]].contiguous() for t in (q, k, v, do)]
+                out, lse = _forward(*mine[:3], causal, None, ring)
+                per_rank[rank] = [out, *_backward(mine[3], *mine[:3], out, lse, causal, None, None, ring)]
+            except BaseException as err:  # wake the others, then report it from the main thread
+                errors.append(err)
+                for box in mailboxes:
+                    box.put(None)
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(cp)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return _assemble(per_rank, layout)
+
+
+@pytest.mark.parametrize("cp", [2, 3])
+@pytest.mark.parametrize("case", CASES, ids=case_ids)
+def test_ring_steps_in_one_process_match_one_process_attention(cp, case):
+    """ring.py's forward and backward (the merge by lse, the zigzag steps, dK/dV travelling with
+    their block), the ranks as threads: small on the CPU; at one GPU's test size see below."""
+    causal, dtype = case
+    seq = 2 * cp * 5  # chunks of 5 tokens
+    q, k, v = make_qkv(1, 2, 1, seq, seq, 16, dtype, requires_grad=False)
+    do = torch.randn(q.shape, dtype=torch.float64, device=q.device).to(dtype)
+    _check(f"cp={cp} {case_ids(case)}", _ring_in_threads(cp, causal, q, k, v, do), causal, q, k, v, do)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cp, seq", [(2, 8192), (4, 16384)])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_ring_steps_on_one_gpu_match_one_process_attention(cp, seq, causal):
+    """GPT-2 medium's head size (d=64, bf16, GQA 2:1) at lengths where the ring's steps run the kernels
+    a two-GPU ring would: 4096 local tokens, steps of 2048 and 4096 keys (Gluon forward from 2048
+    keys; Gluon backward from 4096 on an H100/H200, the Triton single-pass below)."""
+    q, k, v = make_qkv(1, 2, 1, seq, seq, 64, torch.bfloat16, requires_grad=False)
+    do = torch.randn(q.shape, dtype=torch.float64, device=q.device).to(torch.bfloat16)
+    _check(f"cp={cp} N={seq} {'causal' if causal else 'full'}", _ring_in_threads(cp, causal, q, k, v, do), causal, q, k, v, do)
