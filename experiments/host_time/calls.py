@@ -76,4 +76,4 @@ for shape in ((1, 1, 128, 64), (1, 1, 128, 128), (16, 16, 1024, 64)):
             text = s.getvalue()
             open(f"{out}/cprofile_{key}.txt", "w").write(text)
             print(text[:9000] if key == "tottime" else text[:6000])
-json.dump(res, open(f"{out}/hostprof10.json", "w"), indent=1)
+json.dump(res, open(f"{out}/calls.json", "w"), indent=1)

@@ -77,4 +77,4 @@ for d in (64, 128):
                           "launch.forward hopper": us(lambda: launch.forward(q, k, v, True, 0.1, kernel="hopper")),
                           "launch.forward tl": us(lambda: launch.forward(q, k, v, True, 0.1, kernel="tl"))}
     print(f"descs d{d}", res[f"descs d{d}"], flush=True)
-json.dump(res, open(f"{out}/hostmicro.json", "w"), indent=1)
+json.dump(res, open(f"{out}/launches.json", "w"), indent=1)
